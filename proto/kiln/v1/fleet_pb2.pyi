@@ -1,0 +1,354 @@
+from kiln.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TopologyFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOPOLOGY_FORMAT_UNSPECIFIED: _ClassVar[TopologyFormat]
+    TOPOLOGY_FORMAT_SLURM: _ClassVar[TopologyFormat]
+    TOPOLOGY_FORMAT_K8S_LABELS: _ClassVar[TopologyFormat]
+
+class TopologyLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOPOLOGY_LEVEL_UNSPECIFIED: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_NVLINK: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_LEAF: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_SPINE: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_ANY: _ClassVar[TopologyLevel]
+
+class AllocationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ALLOCATION_STATE_UNSPECIFIED: _ClassVar[AllocationState]
+    ALLOCATION_STATE_PENDING: _ClassVar[AllocationState]
+    ALLOCATION_STATE_PREPARING: _ClassVar[AllocationState]
+    ALLOCATION_STATE_READY: _ClassVar[AllocationState]
+    ALLOCATION_STATE_RELEASING: _ClassVar[AllocationState]
+    ALLOCATION_STATE_RELEASED: _ClassVar[AllocationState]
+    ALLOCATION_STATE_FAILED: _ClassVar[AllocationState]
+TOPOLOGY_FORMAT_UNSPECIFIED: TopologyFormat
+TOPOLOGY_FORMAT_SLURM: TopologyFormat
+TOPOLOGY_FORMAT_K8S_LABELS: TopologyFormat
+TOPOLOGY_LEVEL_UNSPECIFIED: TopologyLevel
+TOPOLOGY_LEVEL_NVLINK: TopologyLevel
+TOPOLOGY_LEVEL_LEAF: TopologyLevel
+TOPOLOGY_LEVEL_SPINE: TopologyLevel
+TOPOLOGY_LEVEL_ANY: TopologyLevel
+ALLOCATION_STATE_UNSPECIFIED: AllocationState
+ALLOCATION_STATE_PENDING: AllocationState
+ALLOCATION_STATE_PREPARING: AllocationState
+ALLOCATION_STATE_READY: AllocationState
+ALLOCATION_STATE_RELEASING: AllocationState
+ALLOCATION_STATE_RELEASED: AllocationState
+ALLOCATION_STATE_FAILED: AllocationState
+
+class Node(_message.Message):
+    __slots__ = ("name", "rack", "leaf", "spine", "bmc_url", "bmc_username", "state", "state_reason", "power", "bmc_health", "agent_connected", "agent_last_seen", "gpu_model", "gpu_count", "gpus", "nvlink_domain", "allocation", "health", "profile", "updated_at", "schedulable")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    LEAF_FIELD_NUMBER: _ClassVar[int]
+    SPINE_FIELD_NUMBER: _ClassVar[int]
+    BMC_URL_FIELD_NUMBER: _ClassVar[int]
+    BMC_USERNAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_REASON_FIELD_NUMBER: _ClassVar[int]
+    POWER_FIELD_NUMBER: _ClassVar[int]
+    BMC_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    AGENT_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    AGENT_LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULABLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    rack: str
+    leaf: str
+    spine: str
+    bmc_url: str
+    bmc_username: str
+    state: _types_pb2.NodeState
+    state_reason: str
+    power: _types_pb2.PowerState
+    bmc_health: str
+    agent_connected: bool
+    agent_last_seen: float
+    gpu_model: str
+    gpu_count: int
+    gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.Gpu]
+    nvlink_domain: str
+    allocation: str
+    health: _types_pb2.NodeHealth
+    profile: str
+    updated_at: float
+    schedulable: bool
+    def __init__(self, name: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., bmc_url: _Optional[str] = ..., bmc_username: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., state_reason: _Optional[str] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., bmc_health: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., agent_last_seen: _Optional[float] = ..., gpu_model: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., nvlink_domain: _Optional[str] = ..., allocation: _Optional[str] = ..., health: _Optional[_Union[_types_pb2.NodeHealth, _Mapping]] = ..., profile: _Optional[str] = ..., updated_at: _Optional[float] = ..., schedulable: _Optional[bool] = ...) -> None: ...
+
+class EnrollNodeRequest(_message.Message):
+    __slots__ = ("name", "bmc_url", "username", "password", "rack", "leaf", "spine", "insecure", "ca_bundle", "profile")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BMC_URL_FIELD_NUMBER: _ClassVar[int]
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    LEAF_FIELD_NUMBER: _ClassVar[int]
+    SPINE_FIELD_NUMBER: _ClassVar[int]
+    INSECURE_FIELD_NUMBER: _ClassVar[int]
+    CA_BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    bmc_url: str
+    username: str
+    password: str
+    rack: str
+    leaf: str
+    spine: str
+    insecure: bool
+    ca_bundle: str
+    profile: str
+    def __init__(self, name: _Optional[str] = ..., bmc_url: _Optional[str] = ..., username: _Optional[str] = ..., password: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., insecure: _Optional[bool] = ..., ca_bundle: _Optional[str] = ..., profile: _Optional[str] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ("rack", "state")
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    rack: str
+    state: _types_pb2.NodeState
+    def __init__(self, rack: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class GetNodeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class PowerNodeRequest(_message.Message):
+    __slots__ = ("name", "action")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    action: _types_pb2.PowerAction
+    def __init__(self, name: _Optional[str] = ..., action: _Optional[_Union[_types_pb2.PowerAction, str]] = ...) -> None: ...
+
+class PowerNodeResponse(_message.Message):
+    __slots__ = ("name", "power", "bmc_health")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POWER_FIELD_NUMBER: _ClassVar[int]
+    BMC_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    power: _types_pb2.PowerState
+    bmc_health: str
+    def __init__(self, name: _Optional[str] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., bmc_health: _Optional[str] = ...) -> None: ...
+
+class PowerNodesRequest(_message.Message):
+    __slots__ = ("names", "rack", "all", "action", "concurrency")
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    rack: str
+    all: bool
+    action: _types_pb2.PowerAction
+    concurrency: int
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., rack: _Optional[str] = ..., all: _Optional[bool] = ..., action: _Optional[_Union[_types_pb2.PowerAction, str]] = ..., concurrency: _Optional[int] = ...) -> None: ...
+
+class PowerProgress(_message.Message):
+    __slots__ = ("node", "ok", "power", "error", "done", "total")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    POWER_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    ok: bool
+    power: _types_pb2.PowerState
+    error: str
+    done: int
+    total: int
+    def __init__(self, node: _Optional[str] = ..., ok: _Optional[bool] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., error: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("name", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class UndrainNodeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class Rack(_message.Message):
+    __slots__ = ("name", "nvlink_domain", "gpu_model", "nodes", "gpus", "ready", "allocated", "leaf", "spine")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    LEAF_FIELD_NUMBER: _ClassVar[int]
+    SPINE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    nvlink_domain: str
+    gpu_model: str
+    nodes: int
+    gpus: int
+    ready: int
+    allocated: int
+    leaf: str
+    spine: str
+    def __init__(self, name: _Optional[str] = ..., nvlink_domain: _Optional[str] = ..., gpu_model: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus: _Optional[int] = ..., ready: _Optional[int] = ..., allocated: _Optional[int] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ...) -> None: ...
+
+class ListRacksRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListRacksResponse(_message.Message):
+    __slots__ = ("racks",)
+    RACKS_FIELD_NUMBER: _ClassVar[int]
+    racks: _containers.RepeatedCompositeFieldContainer[Rack]
+    def __init__(self, racks: _Optional[_Iterable[_Union[Rack, _Mapping]]] = ...) -> None: ...
+
+class ExportTopologyRequest(_message.Message):
+    __slots__ = ("format",)
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    format: TopologyFormat
+    def __init__(self, format: _Optional[_Union[TopologyFormat, str]] = ...) -> None: ...
+
+class ExportTopologyResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class AllocationSpec(_message.Message):
+    __slots__ = ("nodes", "racks", "gpu_model", "topology", "preferred", "segment", "spares_per_domain", "exclusive", "queue", "priority", "profile")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    RACKS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SPARES_PER_DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    racks: int
+    gpu_model: str
+    topology: TopologyLevel
+    preferred: bool
+    segment: int
+    spares_per_domain: int
+    exclusive: bool
+    queue: str
+    priority: int
+    profile: str
+    def __init__(self, nodes: _Optional[int] = ..., racks: _Optional[int] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Union[TopologyLevel, str]] = ..., preferred: _Optional[bool] = ..., segment: _Optional[int] = ..., spares_per_domain: _Optional[int] = ..., exclusive: _Optional[bool] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., profile: _Optional[str] = ...) -> None: ...
+
+class Allocation(_message.Message):
+    __slots__ = ("id", "key", "spec", "state", "reason", "nodes", "spares", "domains", "created_at", "updated_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
+    DOMAINS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    key: str
+    spec: AllocationSpec
+    state: AllocationState
+    reason: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    spares: _containers.RepeatedScalarFieldContainer[str]
+    domains: _containers.RepeatedScalarFieldContainer[str]
+    created_at: float
+    updated_at: float
+    def __init__(self, id: _Optional[str] = ..., key: _Optional[str] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., state: _Optional[_Union[AllocationState, str]] = ..., reason: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., spares: _Optional[_Iterable[str]] = ..., domains: _Optional[_Iterable[str]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
+
+class CreateAllocationRequest(_message.Message):
+    __slots__ = ("key", "spec")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    spec: AllocationSpec
+    def __init__(self, key: _Optional[str] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ...) -> None: ...
+
+class GetAllocationRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListAllocationsRequest(_message.Message):
+    __slots__ = ("include_released",)
+    INCLUDE_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    include_released: bool
+    def __init__(self, include_released: _Optional[bool] = ...) -> None: ...
+
+class ListAllocationsResponse(_message.Message):
+    __slots__ = ("allocations",)
+    ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    allocations: _containers.RepeatedCompositeFieldContainer[Allocation]
+    def __init__(self, allocations: _Optional[_Iterable[_Union[Allocation, _Mapping]]] = ...) -> None: ...
+
+class ReleaseAllocationRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("after_seq", "follow", "node", "allocation")
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    after_seq: int
+    follow: bool
+    node: str
+    allocation: str
+    def __init__(self, after_seq: _Optional[int] = ..., follow: _Optional[bool] = ..., node: _Optional[str] = ..., allocation: _Optional[str] = ...) -> None: ...
+
+class InjectFaultRequest(_message.Message):
+    __slots__ = ("node", "fault_json")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    FAULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    fault_json: str
+    def __init__(self, node: _Optional[str] = ..., fault_json: _Optional[str] = ...) -> None: ...
+
+class InjectFaultResponse(_message.Message):
+    __slots__ = ("ok", "message")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    message: str
+    def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
