@@ -1,0 +1,256 @@
+"""The node agent: dials the controller, registers, reports, obeys.
+
+One ``Agent`` per node and no module-level state, so a simulated fleet runs
+many in one process. The stream to the controller is re-dialled with
+exponential backoff and jitter whenever it breaks. GPU work (NVML calls) runs
+in threads so the event loop never blocks on the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
+
+import grpc
+
+from agent.gpu_inventory import NodeInventory, read_inventory
+from agent.gpu_profile import GpuProfile, ProfileError
+from agent.health import HealthSampler, NodeHealth
+from agent.metrics import AgentMetrics
+from agent.nvml.backend import NvmlBackend
+from agent.prepare import ApplyResult, apply_profile, check_drift, reset_to_defaults
+from kiln.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+DRIFT_CHECK_EVERY = 6  # sampling rounds
+
+
+def gpu_pb(inventory: NodeInventory) -> list[types_pb2.Gpu]:
+    return [
+        types_pb2.Gpu(
+            index=g.index, uuid=g.uuid, model=g.name, serial=g.serial, pci_bus_id=g.pci_bus_id,
+            memory_mib=g.memory_total_mib, architecture=g.architecture, clique=g.clique,
+            pci_device_id=g.pci_device_id,
+        )
+        for g in inventory.gpus
+    ]
+
+
+def health_pb(health: NodeHealth, sampled_at: float) -> types_pb2.NodeHealth:
+    msg = types_pb2.NodeHealth(sampled_at=sampled_at, source="agent")
+    for gpu in health.gpus:
+        fields: dict[str, Any] = {k: v for k, v in asdict(gpu).items() if v is not None}
+        msg.gpus.append(types_pb2.GpuHealth(**fields))
+    return msg
+
+
+def result_pb(command_id: str, result: ApplyResult) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(
+        result=agent_pb2.CommandResult(
+            id=command_id, ok=result.ok, changed=result.changed, failures=result.failures
+        )
+    )
+
+
+class Agent:
+    def __init__(
+        self,
+        controller: str,
+        node_name: str,
+        nvml: NvmlBackend,
+        *,
+        backend: str = "real",
+        hostname: str | None = None,
+        metrics: AgentMetrics | None = None,
+        backoff: tuple[float, float] = (0.5, 30.0),
+    ) -> None:
+        self.controller = controller
+        self.node_name = node_name
+        self.nvml = nvml
+        self.backend = backend
+        self.hostname = hostname or socket.gethostname()
+        self.metrics = metrics
+        self._backoff = backoff
+        self._sampler = HealthSampler(nvml)
+        self._profile: GpuProfile | None = None
+        self._stopping = asyncio.Event()
+        self.registered = asyncio.Event()
+        self.connections = 0
+
+    @property
+    def applied_profile(self) -> str:
+        return self._profile.name if self._profile else ""
+
+    async def run(self) -> None:
+        """Stay connected until ``stop()``; re-dial with backoff on failure."""
+        await asyncio.to_thread(self.nvml.nvmlInit)
+        delay = self._backoff[0]
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self._session()
+                    delay = self._backoff[0]
+                except grpc.aio.AioRpcError as e:
+                    log.info("node %s: controller stream ended: %s %s", self.node_name,
+                             e.code().name, e.details())
+                    if e.code() in (grpc.StatusCode.NOT_FOUND,
+                                    grpc.StatusCode.INVALID_ARGUMENT):
+                        delay = self._backoff[1]
+                except (OSError, ConnectionError) as e:
+                    log.info("node %s: cannot reach controller: %s", self.node_name, e)
+                self.registered.clear()
+                if self._stopping.is_set():
+                    break
+                jittered = delay * random.uniform(0.5, 1.0)
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), jittered)
+                except TimeoutError:
+                    pass
+                delay = min(delay * 2, self._backoff[1])
+        finally:
+            await asyncio.to_thread(self._shutdown_nvml)
+
+    def _shutdown_nvml(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:  # shutting down; nothing useful to do
+            log.debug("node %s: nvmlShutdown failed", self.node_name)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+
+    async def _session(self) -> None:
+        inventory = await asyncio.to_thread(read_inventory, self.nvml)
+        outbox: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()
+        await outbox.put(
+            agent_pb2.AgentMessage(
+                register=agent_pb2.Register(
+                    node_name=self.node_name, hostname=self.hostname,
+                    agent_version=AGENT_VERSION, driver_version=inventory.driver_version,
+                    nvml_backend=self.backend, gpus=gpu_pb(inventory),
+                    applied_profile=self.applied_profile,
+                )
+            )
+        )
+
+        async def outgoing() -> AsyncIterator[agent_pb2.AgentMessage]:
+            while True:
+                msg = await outbox.get()
+                if msg is None:
+                    return
+                yield msg
+
+        async with grpc.aio.insecure_channel(self.controller) as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            call = stub.Connect(outgoing())
+            tasks: set[asyncio.Task[None]] = set()
+            sampler: asyncio.Task[None] | None = None
+            stopper = asyncio.create_task(self._stopping.wait())
+            try:
+                reader = aiter(call)
+                while True:
+                    nxt = asyncio.ensure_future(anext(reader))
+                    done, _ = await asyncio.wait({nxt, stopper},
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if nxt not in done:
+                        nxt.cancel()
+                        call.cancel()
+                        return
+                    try:
+                        msg = nxt.result()
+                    except StopAsyncIteration:
+                        return
+                    body = msg.WhichOneof("body")
+                    if body == "registered":
+                        self.connections += 1
+                        self.registered.set()
+                        log.info("node %s: registered with controller %s", self.node_name,
+                                 self.controller)
+                        interval = msg.registered.sample_interval_s or 5.0
+                        sampler = asyncio.create_task(self._sample_loop(outbox, interval))
+                    elif body == "command":
+                        task = asyncio.create_task(self._execute(msg.command, outbox))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+            finally:
+                stopper.cancel()
+                for t in [*tasks, *([sampler] if sampler else [])]:
+                    t.cancel()
+                await outbox.put(None)
+
+    async def _sample_loop(
+        self, outbox: asyncio.Queue[agent_pb2.AgentMessage | None], interval: float
+    ) -> None:
+        rounds = 0
+        while True:
+            health = await self._sampler.asample()
+            if self.metrics is not None:
+                self.metrics.update_health(health)
+            await outbox.put(agent_pb2.AgentMessage(health=health_pb(health, time.time())))
+            rounds += 1
+            if self._profile is not None and rounds % DRIFT_CHECK_EVERY == 0:
+                await self._repair_drift()
+            await asyncio.sleep(interval)
+
+    async def _repair_drift(self) -> None:
+        """Re-apply the held profile when the GPUs no longer match it (a driver
+        reload or a reboot forgets clocks, power limits and persistence)."""
+        profile = self._profile
+        if profile is None:
+            return
+        drift = await asyncio.to_thread(check_drift, self.nvml, profile)
+        if drift:
+            log.warning("node %s: GPU settings drifted (%s); re-applying %s", self.node_name,
+                        "; ".join(drift), profile.name)
+            await asyncio.to_thread(apply_profile, self.nvml, profile)
+
+    async def _execute(
+        self, command: agent_pb2.Command, outbox: asyncio.Queue[agent_pb2.AgentMessage | None]
+    ) -> None:
+        kind = command.WhichOneof("kind")
+        try:
+            if kind == "apply_profile":
+                result = await self._apply(command.apply_profile.profile_yaml)
+            elif kind == "reset_gpus":
+                result = await asyncio.to_thread(reset_to_defaults, self.nvml)
+                if result.ok:
+                    self._profile = None
+            elif kind == "inject_fault":
+                result = await self._inject(command.inject_fault.fault_json)
+            else:
+                result = ApplyResult(ok=False, changed=[], failures=[f"unknown command {kind}"])
+        except Exception as e:  # report, never crash the stream
+            log.exception("node %s: command %s failed", self.node_name, kind)
+            result = ApplyResult(ok=False, changed=[], failures=[f"{type(e).__name__}: {e}"])
+        await outbox.put(result_pb(command.id, result))
+
+    async def _apply(self, profile_yaml: str) -> ApplyResult:
+        try:
+            profile = GpuProfile.from_yaml(profile_yaml)
+        except ProfileError as e:
+            return ApplyResult(ok=False, changed=[], failures=[f"bad profile: {e}"])
+        result = await asyncio.to_thread(apply_profile, self.nvml, profile)
+        if result.ok:
+            self._profile = profile
+        return result
+
+    async def _inject(self, fault_json: str) -> ApplyResult:
+        faults = getattr(self.nvml, "faults", None)
+        if faults is None:
+            return ApplyResult(ok=False, changed=[],
+                               failures=["faults can only be injected into a simulated GPU"])
+        try:
+            spec = json.loads(fault_json)
+            message = await asyncio.to_thread(faults.apply_fault, spec)
+        except (ValueError, KeyError, TypeError) as e:
+            return ApplyResult(ok=False, changed=[], failures=[f"bad fault: {e}"])
+        return ApplyResult(ok=True, changed=[str(message or spec.get("kind"))], failures=[])

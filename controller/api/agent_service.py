@@ -1,0 +1,107 @@
+"""kiln.v1.AgentService: one bidirectional stream per node agent.
+
+The first message must be a Register. After it, two things run side by side:
+reports flowing up (health, command results) and commands flowing down from
+the node's session in the agent hub. When either side ends, the session is
+detached and its pending commands fail as Unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from controller.api import convert
+from controller.api.errors import status_for
+from controller.core.agents import AgentSession
+from controller.core.errors import KilnError
+from controller.core.fleet import Fleet
+from controller.core.model import AgentCommand, CommandOutcome
+from kiln.v1 import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def command_pb(command_id: str, command: AgentCommand) -> agent_pb2.ControllerMessage:
+    msg = agent_pb2.Command(id=command_id)
+    if command.kind == "apply_profile":
+        msg.apply_profile.profile_yaml = command.payload
+    elif command.kind == "reset_gpus":
+        msg.reset_gpus.SetInParent()
+    elif command.kind == "inject_fault":
+        msg.inject_fault.fault_json = command.payload
+    else:
+        raise ValueError(f"unknown agent command {command.kind!r}")
+    return agent_pb2.ControllerMessage(command=msg)
+
+
+class AgentService(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[agent_pb2.ControllerMessage]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("body") != "register":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be register")
+            return
+        reg = first.register
+        try:
+            session = await self._fleet.agent_connected(
+                reg.node_name, [convert.gpu_from_pb(g) for g in reg.gpus], reg.applied_profile
+            )
+        except KilnError as e:
+            await context.abort(status_for(e), str(e))
+            return
+        yield agent_pb2.ControllerMessage(
+            registered=agent_pb2.Registered(
+                node_name=reg.node_name, sample_interval_s=self._fleet.sample_interval
+            )
+        )
+        reader = asyncio.create_task(self._read(session, request_iterator))
+        try:
+            while not reader.done():
+                getter = asyncio.create_task(session.queue.get())
+                done, _ = await asyncio.wait(
+                    {getter, reader}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if getter not in done:
+                    getter.cancel()
+                    break
+                command_id, command = getter.result()
+                yield command_pb(command_id, command)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await self._fleet.agent_disconnected(session)
+
+    async def _read(
+        self, session: AgentSession, messages: AsyncIterator[agent_pb2.AgentMessage]
+    ) -> None:
+        try:
+            async for msg in messages:
+                if session.closed:
+                    return
+                body = msg.WhichOneof("body")
+                if body == "health":
+                    await self._fleet.agent_health(
+                        session.node, convert.message_to_plain(msg.health)
+                    )
+                elif body == "result":
+                    r = msg.result
+                    self._fleet.agents.resolve(
+                        session,
+                        r.id,
+                        CommandOutcome(ok=r.ok, changed=tuple(r.changed),
+                                       failures=tuple(r.failures), message=r.message),
+                    )
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            return
+        except Exception:
+            log.exception("node %s: agent stream failed", session.node)

@@ -1,0 +1,190 @@
+"""``kiln demo``: a controller and a simulated fleet, end to end, on this machine.
+
+It starts a controller on SQLite in a temporary directory, a simulated fleet
+(GB200 NVL72 racks and HGX H200 boxes whose BMCs are served by the sushy-tools
+Redfish emulator and whose GPUs are Kiln's NVML fake), enrols every node
+through the API, waits for them to become ready, allocates one whole NVL72 rack
+and a gang of two HGX nodes, shows them, releases them and shuts down. With
+``--serve`` it keeps the fleet up for the CLI instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from controller.server import ControllerConfig, ControllerServer
+from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
+
+Say = Callable[[str], None]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("demo", help="run a simulated fleet end to end",
+                              description=__doc__)
+    p.add_argument("--racks", type=int, default=2, help="GB200 NVL72 racks (default 2)")
+    p.add_argument("--hgx", type=int, default=4, help="HGX H200 nodes (default 4)")
+    p.add_argument("--serve", action="store_true",
+                   help="keep the fleet up and print the controller address")
+    p.add_argument("--listen", default="127.0.0.1:0", help="controller HOST:PORT (default: any)")
+    p.add_argument("--power-delay", action="store_true",
+                   help="let power changes land 1-11 s late, as the emulator does by default")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    p.set_defaults(func=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    if not getattr(args, "verbose", False):
+        logging.basicConfig(level=logging.WARNING)
+    try:
+        return asyncio.run(demo(args, print_step))
+    except KeyboardInterrupt:
+        return 130
+
+
+def print_step(text: str) -> None:
+    print(text, flush=True)
+
+
+def short(enum_name: str, prefix: str) -> str:
+    return enum_name.removeprefix(prefix).lower()
+
+
+async def demo(args: argparse.Namespace, say: Say) -> int:
+    started = time.monotonic()
+    controller = ControllerServer(
+        ControllerConfig(listen=args.listen, reconcile_interval=0.5, sample_interval=2.0)
+    )
+    address = await controller.start()
+    say(f"controller  listening on {address} (SQLite in a temporary directory)")
+    fleet = SimFleet(default_fleet(args.racks, args.hgx), power_delay=args.power_delay)
+    try:
+        await fleet.start(address)
+        say(f"bmcs        sushy-tools Redfish emulator at {fleet.emulator.base_url} "
+            f"serving {len(fleet.specs)} systems")
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            await enroll_all(stub, fleet, say)
+            if not await wait_ready(stub, len(fleet.specs), args.timeout, say):
+                return 1
+            if args.serve:
+                return await serve(address, say)
+            ok = await allocate_and_release(stub, say)
+            if ok:
+                ok = await wait_ready(stub, len(fleet.specs), args.timeout, say)
+    finally:
+        say("shutdown    stopping agents, BMC emulator and controller")
+        await fleet.stop()
+        await controller.stop()
+    say(f"done        in {time.monotonic() - started:.1f}s" if ok else "demo FAILED")
+    return 0 if ok else 1
+
+
+async def enroll_all(stub: fleet_pb2_grpc.FleetServiceStub, fleet: SimFleet, say: Say) -> None:
+    for spec in fleet.specs:
+        await stub.EnrollNode(
+            fleet_pb2.EnrollNodeRequest(
+                name=spec.name, bmc_url=fleet.bmc_url(spec.name), username=SIM_USERNAME,
+                password=SIM_PASSWORD, rack=spec.rack, leaf=spec.leaf, spine=spec.spine,
+            )
+        )
+    kinds = Counter(s.kind for s in fleet.specs)
+    say(f"enrol       {len(fleet.specs)} nodes through the API: "
+        + ", ".join(f"{n} × {k.upper()}" for k, n in sorted(kinds.items())))
+
+
+async def wait_ready(
+    stub: fleet_pb2_grpc.FleetServiceStub, total: int, timeout: float, say: Say
+) -> bool:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        nodes = (await stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes
+        states = Counter(short(types_pb2.NodeState.Name(n.state), "NODE_STATE_") for n in nodes)
+        line = ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
+        if line != last:
+            say(f"lifecycle   {line}")
+            last = line
+        if states.get("ready", 0) == total and all(n.schedulable for n in nodes):
+            return True
+        await asyncio.sleep(0.5)
+    say(f"lifecycle   not every node became ready within {timeout:.0f}s")
+    return False
+
+
+def describe(alloc: fleet_pb2.Allocation) -> str:
+    state = short(fleet_pb2.AllocationState.Name(alloc.state), "ALLOCATION_STATE_")
+    nodes = list(alloc.nodes)
+    shown = ", ".join(nodes) if len(nodes) <= 4 else f"{nodes[0]} … {nodes[-1]}"
+    return (f"{alloc.id} {state}: {len(nodes)} nodes in {len(alloc.domains)} NVLink "
+            f"domain(s) [{shown}]")
+
+
+async def allocate_and_release(stub: fleet_pb2_grpc.FleetServiceStub, say: Say) -> bool:
+    rack = await stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(
+            key="demo-nvl72-rack", spec=fleet_pb2.AllocationSpec(racks=1, gpu_model="GB200")
+        )
+    )
+    say(f"allocate    one whole NVL72 rack → {describe(rack)}")
+    gang = await stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(
+            key="demo-hgx-gang",
+            spec=fleet_pb2.AllocationSpec(nodes=2, gpu_model="H200",
+                                          topology=fleet_pb2.TOPOLOGY_LEVEL_LEAF),
+        )
+    )
+    say(f"allocate    gang of 2 HGX H200 nodes → {describe(gang)}")
+    again = await stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(
+            key="demo-hgx-gang",
+            spec=fleet_pb2.AllocationSpec(nodes=2, gpu_model="H200",
+                                          topology=fleet_pb2.TOPOLOGY_LEVEL_LEAF),
+        )
+    )
+    say(f"idempotent  same key again → {again.id} (same allocation: {again.id == gang.id})")
+    try:
+        await stub.CreateAllocation(
+            fleet_pb2.CreateAllocationRequest(spec=fleet_pb2.AllocationSpec(nodes=1000))
+        )
+    except grpc.aio.AioRpcError as e:
+        say(f"refused     1000 nodes → {e.code().name}: {e.details()}")
+    ok = rack.state == fleet_pb2.ALLOCATION_STATE_READY and len(rack.nodes) == 18
+    ok = ok and gang.state == fleet_pb2.ALLOCATION_STATE_READY and len(gang.nodes) == 2
+    listing = await stub.ListAllocations(fleet_pb2.ListAllocationsRequest())
+    for alloc in listing.allocations:
+        say(f"show        {describe(alloc)}")
+    for alloc in (rack, gang):
+        released = await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))
+        state = short(fleet_pb2.AllocationState.Name(released.state), "ALLOCATION_STATE_")
+        say(f"release     {alloc.id} → {state}; its nodes reset their GPUs and return to ready")
+    return ok
+
+
+async def serve(address: str, say: Say) -> int:
+    say(f"serving     the fleet is up; try: KILN_CONTROLLER={address} kiln nodes list")
+    say(f"            (or kiln --controller {address} ...); Ctrl-C stops everything")
+    print(address, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="kiln")
+    register(parser.add_subparsers())
+    parsed = parser.parse_args(["demo", *sys.argv[1:]])
+    sys.exit(parsed.func(parsed))

@@ -1,0 +1,93 @@
+"""Connected node agents and the commands in flight to them.
+
+One session per node: a newer connection replaces an older one, whose pending
+commands then fail with Unavailable. The transport (a gRPC stream) lives in
+the API layer; it pulls commands from the session's queue and resolves their
+outcomes here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from controller.core.errors import Unavailable
+from controller.core.model import AgentCommand, CommandOutcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class AgentSession:
+    node: str
+    queue: asyncio.Queue[tuple[str, AgentCommand]] = field(default_factory=asyncio.Queue)
+    pending: dict[str, asyncio.Future[CommandOutcome]] = field(default_factory=dict)
+    closed: bool = False
+
+    def fail_pending(self, reason: str) -> None:
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(Unavailable(reason))
+        self.pending.clear()
+
+
+class AgentHub:
+    def __init__(self) -> None:
+        self._sessions: dict[str, AgentSession] = {}
+        self._ids = itertools.count(1)
+
+    def attach(self, node: str) -> AgentSession:
+        old = self._sessions.get(node)
+        if old is not None:
+            old.closed = True
+            old.fail_pending(f"agent of node {node!r} reconnected")
+        session = AgentSession(node)
+        self._sessions[node] = session
+        return session
+
+    def detach(self, session: AgentSession) -> bool:
+        """Forget ``session``; True when it was the node's current one."""
+        session.closed = True
+        session.fail_pending(f"agent of node {session.node!r} disconnected")
+        if self._sessions.get(session.node) is session:
+            del self._sessions[session.node]
+            return True
+        return False
+
+    def is_connected(self, node: str) -> bool:
+        return node in self._sessions
+
+    def connected(self) -> frozenset[str]:
+        return frozenset(self._sessions)
+
+    async def call(self, node: str, command: AgentCommand, timeout: float) -> CommandOutcome:
+        """Send ``command`` to the node's agent and wait for its outcome.
+
+        Raises:
+            Unavailable: no agent is connected, it went away, or it did not
+                answer within ``timeout`` seconds.
+        """
+        session = self._sessions.get(node)
+        if session is None:
+            raise Unavailable(f"no agent connected for node {node!r}")
+        command_id = f"c{next(self._ids)}"
+        future: asyncio.Future[CommandOutcome] = asyncio.get_running_loop().create_future()
+        session.pending[command_id] = future
+        await session.queue.put((command_id, command))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError as e:
+            raise Unavailable(
+                f"agent of node {node!r} did not answer {command.kind} within {timeout:.0f}s"
+            ) from e
+        finally:
+            session.pending.pop(command_id, None)
+
+    def resolve(self, session: AgentSession, command_id: str, outcome: CommandOutcome) -> None:
+        future = session.pending.pop(command_id, None)
+        if future is None or future.done():
+            log.debug("node %s: late result for command %s", session.node, command_id)
+            return
+        future.set_result(outcome)

@@ -1,0 +1,104 @@
+"""The domain core's front door: what the API layer calls.
+
+Fleet wires inventory, allocations, the lifecycle reconciler, the agent hub
+and the event log together. It knows nothing of gRPC or of BMC libraries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from controller.core.agents import AgentHub, AgentSession
+from controller.core.allocations import Allocations
+from controller.core.errors import InvalidArgument
+from controller.core.eventlog import EventLog
+from controller.core.lifecycle import Lifecycle
+from controller.core.model import AgentCommand, CommandOutcome, GpuInfo
+from controller.core.nodes import Nodes
+from controller.core.ports import BmcGateway
+from controller.core.profiles import ProfileCatalog
+from controller.placement import QueueConfig
+from controller.store.database import Database
+
+log = logging.getLogger(__name__)
+
+
+class Fleet:
+    def __init__(
+        self,
+        db: Database,
+        bmc: BmcGateway,
+        *,
+        profiles: ProfileCatalog | None = None,
+        queues: Sequence[QueueConfig] = (),
+        reconcile_interval: float = 1.0,
+        sample_interval: float = 5.0,
+    ) -> None:
+        self.db = db
+        self.bmc = bmc
+        self.profiles = profiles or ProfileCatalog()
+        self.agents = AgentHub()
+        self.events = EventLog(db)
+        self.nodes = Nodes(db, bmc, self.agents)
+        self.allocations = Allocations(db, self.nodes, queues=queues)
+        self.lifecycle = Lifecycle(
+            db,
+            self.nodes,
+            self.agents,
+            bmc,
+            self.profiles,
+            self.allocations.schedule_pass,
+            interval=reconcile_interval,
+        )
+        self.sample_interval = sample_interval
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self.lifecycle.run(), name="kiln-lifecycle"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.lifecycle.stop()
+        self._tasks.clear()
+
+    # -- agents ----------------------------------------------------------------
+
+    async def agent_connected(
+        self, node: str, gpus: Sequence[GpuInfo], applied_profile: str
+    ) -> AgentSession:
+        """Register a node's agent. Raises NotFound for a node never enrolled."""
+        await self.nodes.get(node)
+        session = self.agents.attach(node)
+        try:
+            await self.nodes.agent_registered(node, gpus, applied_profile)
+        except BaseException:
+            self.agents.detach(session)
+            raise
+        log.info("node %s: agent registered with %d GPUs", node, len(gpus))
+        self.lifecycle.wake()
+        return session
+
+    async def agent_disconnected(self, session: AgentSession) -> None:
+        if self.agents.detach(session):
+            log.info("node %s: agent disconnected", session.node)
+            await self.nodes.agent_gone(session.node)
+
+    async def agent_health(self, node: str, health: dict[str, Any]) -> None:
+        await self.nodes.agent_health(node, health)
+
+    async def inject_fault(self, node: str, fault_json: str) -> CommandOutcome:
+        """Forward a fault to a simulated node's fake NVML (simulated fleets only)."""
+        try:
+            fault = json.loads(fault_json)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(f"fault is not valid JSON: {e.msg}") from e
+        if not isinstance(fault, dict) or "kind" not in fault:
+            raise InvalidArgument('a fault is a JSON object with a "kind"')
+        await self.nodes.get(node)
+        return await self.agents.call(node, AgentCommand("inject_fault", fault_json), 30.0)

@@ -1,0 +1,220 @@
+"""The reconciler that walks nodes through their lifecycle.
+
+Each pass looks at every node and takes the one next step its state calls for:
+
+    enrolled   → inspecting   (always)
+    inspecting → preparing    once the BMC answered, the node is powered on and
+                              its agent has registered its GPUs
+    preparing  → ready        once the agent applied the node's GPU profile (or
+                              reset the GPUs to defaults); a failure quarantines
+    releasing  → ready        once the agent reset the GPUs; preparing when the
+                              GPUs' state is unknown (no agent)
+    draining   → maintenance  (or the out-of-service state the drain asked for)
+                              once no allocation holds the node
+
+Every step is idempotent and every state is persisted before its work starts,
+so a controller killed at any point resumes where it was on the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from sqlmodel import Session
+
+from controller.core.agents import AgentHub
+from controller.core.errors import KilnError
+from controller.core.model import AgentCommand
+from controller.core.nodes import Nodes, bmc_target
+from controller.core.ports import BmcGateway
+from controller.core.profiles import ProfileCatalog
+from controller.core.states import NodeState
+from controller.core.transitions import load_node, move
+from controller.store.database import Database
+from controller.store.models import NodeRow
+
+log = logging.getLogger(__name__)
+
+S = NodeState
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        db: Database,
+        nodes: Nodes,
+        agents: AgentHub,
+        bmc: BmcGateway,
+        profiles: ProfileCatalog,
+        on_capacity: Callable[[], Awaitable[None]],
+        *,
+        interval: float = 1.0,
+        command_timeout: float = 120.0,
+        max_parallel: int = 64,
+    ) -> None:
+        self._db = db
+        self._nodes = nodes
+        self._agents = agents
+        self._bmc = bmc
+        self._profiles = profiles
+        self._on_capacity = on_capacity
+        self._interval = interval
+        self._command_timeout = command_timeout
+        self._gate = asyncio.Semaphore(max_parallel)
+        self._busy: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Reconcile until cancelled."""
+        while True:
+            try:
+                await self.reconcile_once()
+            except Exception:  # a pass must never kill the loop
+                log.exception("lifecycle pass failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._interval)
+            except TimeoutError:
+                pass
+
+    async def reconcile_once(self) -> None:
+        """Start one step for every node that needs one and is not busy."""
+        for row in await self._nodes.rows():
+            if row.name in self._busy or row.state in (S.READY, S.ALLOCATED):
+                continue
+            self._busy.add(row.name)
+            task = asyncio.create_task(self._step_guarded(row))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Wait for the steps in flight (tests and the demo use this)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _step_guarded(self, row: NodeRow) -> None:
+        try:
+            async with self._gate:
+                became_free = await self._step(row)
+            if became_free:
+                await self._on_capacity()
+        except KilnError as e:
+            log.warning("node %s: %s", row.name, e)
+            await self._note(row.name, str(e))
+        except Exception:
+            log.exception("node %s: lifecycle step failed", row.name)
+        finally:
+            self._busy.discard(row.name)
+
+    async def _step(self, row: NodeRow) -> bool:
+        """Take one step; True when the node just became ready."""
+        state = S(row.state)
+        if state == S.ENROLLED:
+            await self._move(row.name, S.INSPECTING, "inspection started")
+            return await self._step(await self._row(row.name))
+        if state == S.INSPECTING:
+            return await self._inspect(row)
+        if state == S.PREPARING:
+            return await self._prepare(row)
+        if state == S.RELEASING:
+            return await self._release(row)
+        if state == S.DRAINING and not row.allocation_id:
+            await self._gpu_command(row.name, AgentCommand("reset_gpus"), best_effort=True)
+            target = S(row.operation) if row.operation in {s.value for s in S} else S.MAINTENANCE
+            await self._move(row.name, target, row.state_reason or "drained")
+        return False
+
+    async def _inspect(self, row: NodeRow) -> bool:
+        target = bmc_target(row)
+        power = await self._bmc.power_state(target)
+        if power == "off" and row.expected_power != "off":
+            await self._nodes.power(row.name, "on")
+        elif power != row.power:
+            await self._nodes.power(row.name, "status")
+        if not self._agents.is_connected(row.name) or row.gpu_count == 0:
+            await self._note(row.name, "powered on; waiting for the node's agent to register")
+            return False
+        await self._move(row.name, S.PREPARING, f"inspected: {row.gpu_count} GPUs")
+        return await self._prepare(await self._row(row.name))
+
+    async def _prepare(self, row: NodeRow) -> bool:
+        if not self._agents.is_connected(row.name):
+            await self._note(row.name, "waiting for the node's agent to prepare the GPUs")
+            return False
+        if row.profile:
+            command = AgentCommand("apply_profile", self._profiles.gpu_yaml(row.profile))
+        else:
+            command = AgentCommand("reset_gpus")
+        outcome = await self._agents.call(row.name, command, self._command_timeout)
+        if not outcome.ok:
+            reason = "; ".join(outcome.failures) or outcome.message or "preparation failed"
+            await self._quarantine(row.name, f"cannot reach profile {row.profile or 'defaults'}: "
+                                   f"{reason}")
+            return False
+
+        def write(session: Session) -> None:
+            node = load_node(session, row.name)
+            node.applied_profile = row.profile
+            move(session, node, S.READY,
+                 f"prepared to {row.profile or 'defaults'}", changed=list(outcome.changed))
+
+        await self._db.tx(write)
+        return True
+
+    async def _release(self, row: NodeRow) -> bool:
+        ok = await self._gpu_command(row.name, AgentCommand("reset_gpus"), best_effort=True)
+        if not ok:
+            await self._move(row.name, S.PREPARING, "GPU state unknown after release")
+            return False
+        await self._move(row.name, S.READY, "GPUs reset to defaults after release")
+        return True
+
+    async def _gpu_command(self, node: str, command: AgentCommand, *, best_effort: bool) -> bool:
+        if not self._agents.is_connected(node):
+            return False
+        try:
+            outcome = await self._agents.call(node, command, self._command_timeout)
+        except KilnError:
+            if not best_effort:
+                raise
+            return False
+        return outcome.ok
+
+    async def _quarantine(self, name: str, reason: str) -> None:
+        def write(session: Session) -> None:
+            node = load_node(session, name)
+            node.operation = S.QUARANTINED.value
+            move(session, node, S.DRAINING, reason)
+            if not node.allocation_id:
+                move(session, node, S.QUARANTINED, reason)
+
+        await self._db.tx(write)
+        log.warning("node %s: quarantined: %s", name, reason)
+
+    async def _row(self, name: str) -> NodeRow:
+        return await self._db.read(lambda s: load_node(s, name))
+
+    async def _move(self, name: str, target: NodeState, reason: str) -> None:
+        await self._db.tx(lambda s: move(s, load_node(s, name), target, reason))
+
+    async def _note(self, name: str, reason: str) -> None:
+        """Update why a node waits, without an event for every pass."""
+
+        def write(session: Session) -> None:
+            node = session.get(NodeRow, name)
+            if node is not None and node.state_reason != reason:
+                node.state_reason = reason
+                session.add(node)
+
+        await self._db.tx(write)

@@ -1,0 +1,165 @@
+"""The domain's own value types: what the core hands to the API layer."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    model: str
+    serial: str = ""
+    pci_bus_id: str = ""
+    pci_device_id: int = 0
+    memory_mib: int = 0
+    architecture: str = ""
+    clique: str = ""
+
+
+@dataclass(frozen=True)
+class BmcTarget:
+    """Everything needed to reach one node's BMC. The password never prints."""
+
+    node: str
+    url: str
+    username: str
+    password: str = field(repr=False)
+    insecure: bool = False
+    ca_bundle: str = ""
+
+
+@dataclass(frozen=True)
+class EnrollSpec:
+    name: str
+    bmc_url: str
+    username: str
+    password: str = field(repr=False)
+    rack: str = ""
+    leaf: str = ""
+    spine: str = ""
+    insecure: bool = False
+    ca_bundle: str = ""
+    profile: str = ""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    rack: str
+    leaf: str
+    spine: str
+    bmc_url: str
+    bmc_username: str
+    state: str
+    state_reason: str
+    power: str
+    bmc_health: str
+    agent_connected: bool
+    agent_last_seen: float
+    gpu_model: str
+    gpu_count: int
+    gpus: tuple[GpuInfo, ...]
+    nvlink_domain: str
+    allocation: str
+    health: dict[str, Any] | None
+    profile: str
+    updated_at: float
+    schedulable: bool
+    drained: bool
+
+
+@dataclass(frozen=True)
+class RackInfo:
+    name: str
+    nvlink_domain: str
+    gpu_model: str
+    nodes: int
+    gpus: int
+    ready: int
+    allocated: int
+    leaf: str
+    spine: str
+
+
+@dataclass(frozen=True)
+class AllocationSpec:
+    nodes: int = 0
+    racks: int = 0
+    gpu_model: str = ""
+    topology: str = "any"  # nvlink | leaf | spine | any
+    preferred: bool = False
+    segment: int = 0
+    spares_per_domain: int = 0
+    exclusive: bool = False
+    queue: str = "default"
+    priority: int = 0
+    profile: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AllocationSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class AllocationInfo:
+    id: str
+    key: str
+    spec: AllocationSpec
+    state: str
+    reason: str
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...]
+    domains: tuple[str, ...]
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class EventInfo:
+    seq: int
+    at: float
+    kind: str
+    node: str
+    allocation: str
+    rule: str
+    reason: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PowerResult:
+    node: str
+    ok: bool
+    power: str
+    error: str = ""
+    bmc_health: str = ""
+
+
+@dataclass(frozen=True)
+class AgentCommand:
+    """A command for a node's agent: apply_profile, reset_gpus or inject_fault."""
+
+    kind: str
+    payload: str = ""
+
+
+@dataclass(frozen=True)
+class CommandOutcome:
+    ok: bool
+    changed: tuple[str, ...] = ()
+    failures: tuple[str, ...] = ()
+    message: str = ""
+
+
+def short_gpu_model(nvml_name: str) -> str:
+    """"NVIDIA H100 80GB HBM3" → "H100"; "NVIDIA GB200" → "GB200"."""
+    words = nvml_name.replace("NVIDIA", "").split()
+    return words[0].upper() if words else ""

@@ -1,0 +1,44 @@
+"""The small interfaces the domain core drives; adapters implement them.
+
+The core never imports a BMC library or the wire format: the controller's
+wiring (``controller.server``) plugs real implementations in.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from controller.core.model import BmcTarget
+
+
+class BmcGateway(Protocol):
+    def canonical_url(self, url: str) -> str:
+        """Validate a BMC URL and return its canonical form.
+
+        Raises:
+            InvalidArgument: the URL is malformed or of an unknown scheme.
+        """
+        ...
+
+    async def power_state(self, target: BmcTarget) -> str:
+        """Return "on", "off" or "unknown". Raises BmcError and its kin."""
+        ...
+
+    async def set_power(self, target: BmcTarget, action: str) -> str:
+        """Run a power action (on, off, force_off, cycle, restart), poll until it
+        lands and return the final state. Idempotent: already there is success."""
+        ...
+
+    def health(self, node: str) -> str:
+        """"ok", "degraded", "unreachable" or "unknown" (never contacted)."""
+        ...
+
+    async def thermal_c(self, target: BmcTarget) -> list[float]:
+        """The BMC's own temperature readings in °C (the agent-silent fallback)."""
+        ...
+
+    def forget(self, node: str) -> None:
+        """Drop any cached connection for ``node`` (after re-enrolment)."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,66 @@
+"""The node state machine (DESIGN.md, "Node lifecycle").
+
+    enrolled → inspecting → preparing → ready ⇄ allocated → releasing → ready
+    any state → draining → (quarantined | powered_off | maintenance)
+
+A transition is legal when it is listed here; moving to the state a node is
+already in is always allowed (idempotent) and records nothing new.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from controller.core.errors import FailedPrecondition
+
+
+class NodeState(enum.StrEnum):
+    ENROLLED = "enrolled"
+    INSPECTING = "inspecting"
+    PREPARING = "preparing"
+    READY = "ready"
+    ALLOCATED = "allocated"
+    RELEASING = "releasing"
+    DRAINING = "draining"
+    QUARANTINED = "quarantined"
+    POWERED_OFF = "powered_off"
+    MAINTENANCE = "maintenance"
+
+
+S = NodeState
+
+# States a controller may find a node in after a crash, and where it resumes.
+TRANSITIONAL = frozenset({S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING})
+
+OUT_OF_SERVICE = frozenset({S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE})
+
+ALLOWED: dict[NodeState, frozenset[NodeState]] = {
+    S.ENROLLED: frozenset({S.INSPECTING}),
+    S.INSPECTING: frozenset({S.PREPARING, S.ENROLLED}),
+    S.PREPARING: frozenset({S.READY, S.INSPECTING}),
+    S.READY: frozenset({S.ALLOCATED, S.PREPARING, S.INSPECTING}),
+    S.ALLOCATED: frozenset({S.RELEASING, S.PREPARING, S.READY}),
+    S.RELEASING: frozenset({S.READY, S.PREPARING}),
+    S.DRAINING: frozenset({S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE}),
+    S.QUARANTINED: frozenset({S.INSPECTING, S.MAINTENANCE}),
+    S.POWERED_OFF: frozenset({S.INSPECTING, S.MAINTENANCE}),
+    S.MAINTENANCE: frozenset({S.INSPECTING}),
+}
+
+
+def check_transition(node: str, current: NodeState, target: NodeState) -> bool:
+    """Return True when the node must move, False when it is already there.
+
+    Every state may go to draining and every out-of-service state may go to
+    another out-of-service state directly (an operator's or a policy's call).
+
+    Raises:
+        FailedPrecondition: the state machine has no such transition.
+    """
+    if current == target:
+        return False
+    if target == S.DRAINING or (target in OUT_OF_SERVICE and current in OUT_OF_SERVICE):
+        return True
+    if target in ALLOWED.get(current, frozenset()):
+        return True
+    raise FailedPrecondition(f"node {node!r} cannot go from {current.value} to {target.value}")

@@ -1,0 +1,58 @@
+"""Adapter: the core's BmcGateway port on top of the BMC drivers' pool."""
+
+from __future__ import annotations
+
+from controller.bmc.address import BmcCredentials, TlsOptions, parse_bmc_url
+from controller.bmc.base import PowerAction, PowerState
+from controller.bmc.pool import Bmc, BmcPool
+from controller.core.errors import InvalidArgument
+from controller.core.model import BmcTarget
+
+ACTIONS = {
+    "on": PowerAction.ON,
+    "off": PowerAction.OFF,
+    "force_off": PowerAction.FORCE_OFF,
+    "cycle": PowerAction.CYCLE,
+    "restart": PowerAction.RESTART,
+}
+STATES = {PowerState.ON: "on", PowerState.OFF: "off"}
+
+
+class PoolGateway:
+    def __init__(self, pool: BmcPool, *, power_timeout: float = 120.0) -> None:
+        self._pool = pool
+        self._power_timeout = power_timeout
+
+    def canonical_url(self, url: str) -> str:
+        return parse_bmc_url(url).url
+
+    def _bmc(self, target: BmcTarget) -> Bmc:
+        tls = TlsOptions(verify=not target.insecure, ca_bundle=target.ca_bundle or None)
+        return self._pool.get(
+            target.node,
+            parse_bmc_url(target.url),
+            BmcCredentials(target.username, target.password),
+            tls,
+        )
+
+    async def power_state(self, target: BmcTarget) -> str:
+        return STATES.get(await self._bmc(target).power.state(), "unknown")
+
+    async def set_power(self, target: BmcTarget, action: str) -> str:
+        if action not in ACTIONS:
+            raise InvalidArgument(f"unknown power action {action!r}")
+        state = await self._bmc(target).power.set(ACTIONS[action], self._power_timeout)
+        return STATES.get(state, "unknown")
+
+    def health(self, node: str) -> str:
+        return self._pool.health_of(node)
+
+    async def thermal_c(self, target: BmcTarget) -> list[float]:
+        readings = await self._bmc(target).sensors.readings()
+        return [t.celsius for t in readings.temperatures if t.celsius is not None]
+
+    def forget(self, node: str) -> None:
+        self._pool.forget(node)
+
+    async def close(self) -> None:
+        await self._pool.close()

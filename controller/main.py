@@ -1,0 +1,70 @@
+"""``kiln-controller``: run Kiln's central service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from controller.core.errors import KilnError
+from controller.server import ControllerConfig, ControllerServer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kiln-controller", description=__doc__)
+    p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT to serve gRPC on")
+    p.add_argument(
+        "--db",
+        default=None,
+        help="database URL; default SQLite in --state-dir "
+        "(PostgreSQL: postgresql+psycopg://USER@HOST/DB)",
+    )
+    p.add_argument("--state-dir", type=Path, default=Path("state"),
+                   help="directory for the SQLite database (default ./state)")
+    p.add_argument("--profiles", type=Path, default=None, help="directory of node profiles")
+    p.add_argument("--sample-interval", type=float, default=5.0,
+                   help="seconds between agent health samples")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+async def serve(config: ControllerConfig) -> None:
+    server = ControllerServer(config)
+    await server.start()
+    print(f"kiln-controller listening on {server.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = ControllerConfig(
+        listen=args.listen, db_url=args.db, state_dir=args.state_dir,
+        profiles_dir=args.profiles, sample_interval=args.sample_interval,
+    )
+    try:
+        asyncio.run(serve(config))
+    except KilnError as e:
+        print(f"kiln-controller: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"kiln-controller: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

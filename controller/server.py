@@ -1,0 +1,122 @@
+"""The controller process: storage, the domain core, BMC drivers and gRPC.
+
+``ControllerServer`` is what ``kiln-controller``, ``kiln demo`` and the tests
+run: a grpc.aio server with Kiln's two services, server reflection and the
+standard health service, over a Fleet on SQLite or PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from controller.api.agent_service import AgentService
+from controller.api.fleet_service import FleetService
+from controller.bmc.pool import BmcPool
+from controller.core.fleet import Fleet
+from controller.core.ports import BmcGateway
+from controller.core.profiles import ProfileCatalog
+from controller.gateway import PoolGateway
+from controller.placement import QueueConfig
+from controller.store.database import Database
+from controller.store.db import default_sqlite_url, open_engine
+from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICES = (
+    fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name,
+    agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+)
+
+
+@dataclass
+class ControllerConfig:
+    listen: str = "127.0.0.1:50051"
+    db_url: str | None = None  # None: SQLite in state_dir
+    state_dir: Path | None = None  # None: a temporary directory
+    profiles_dir: Path | None = None
+    queues: Sequence[QueueConfig] = ()
+    reconcile_interval: float = 1.0
+    sample_interval: float = 5.0
+    bmc_call_timeout: float = 10.0
+    bmc_power_timeout: float = 120.0
+    bmc_workers: int = 256
+    profiles: ProfileCatalog | None = field(default=None, repr=False)
+
+
+class ControllerServer:
+    def __init__(self, config: ControllerConfig, *, bmc: BmcGateway | None = None) -> None:
+        self.config = config
+        self._bmc = bmc
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._server: grpc.aio.Server | None = None
+        self.fleet: Fleet | None = None
+        self.db: Database | None = None
+        self.address = ""
+
+    def _db_url(self) -> str:
+        if self.config.db_url:
+            return self.config.db_url
+        state_dir = self.config.state_dir
+        if state_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="kiln-")
+            state_dir = Path(self._tmp.name)
+        return default_sqlite_url(state_dir)
+
+    async def start(self) -> str:
+        """Open the store, start the services and listen; returns HOST:PORT."""
+        cfg = self.config
+        profiles = cfg.profiles or ProfileCatalog.load(cfg.profiles_dir)
+        self.db = Database(open_engine(self._db_url()))
+        bmc = self._bmc or PoolGateway(
+            BmcPool(max_workers=cfg.bmc_workers, call_timeout=cfg.bmc_call_timeout),
+            power_timeout=cfg.bmc_power_timeout,
+        )
+        self._bmc = bmc
+        self.fleet = Fleet(
+            self.db, bmc, profiles=profiles, queues=cfg.queues,
+            reconcile_interval=cfg.reconcile_interval, sample_interval=cfg.sample_interval,
+        )
+        server = grpc.aio.server()
+        fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetService(self.fleet), server)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(self.fleet), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        host, _, port = cfg.listen.rpartition(":")
+        bound = server.add_insecure_port(cfg.listen)
+        if bound == 0:
+            raise OSError(f"cannot listen on {cfg.listen}")
+        await server.start()
+        self._server = server
+        self.address = f"{host or '127.0.0.1'}:{bound}"
+        await self.fleet.start()
+        for name in ("", *SERVICES):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("controller listening on %s", self.address)
+        return self.address
+
+    async def stop(self, grace: float = 2.0) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self.fleet is not None:
+            await self.fleet.stop()
+        if self._bmc is not None:
+            await self._bmc.close()
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None

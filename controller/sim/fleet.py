@@ -1,0 +1,172 @@
+"""A simulated GPU fleet: BMCs on the sushy-tools emulator, agents on fake NVML.
+
+Each simulated node has a Redfish system in one emulator process and a
+``kiln-agent`` (in this process) whose GPUs are an NVML fake of the node's
+part. The node "runs" only while its BMC says it is powered on: a watcher
+starts the agent when power comes on (after a simulated reboot of the fake,
+which forgets clocks and MIG settings as a real reboot does) and stops it when
+power goes off, so the controller sees exactly what it would see on metal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.client import Agent
+from agent.nvml import open_backend
+from controller.sim.redfish_emulator import RedfishEmulator, SimSystem
+
+log = logging.getLogger(__name__)
+
+SIM_USERNAME = "kiln"
+SIM_PASSWORD = "sim-secret-not-for-production"
+FLEET_NS = uuid.UUID("6f1d2f5e-8c47-4a52-9b1e-2d8f0c7a9e11")
+
+
+@dataclass(frozen=True)
+class SimNodeSpec:
+    name: str
+    kind: str  # h100 | h200 | gb200
+    rack: str
+    leaf: str
+    spine: str = "spine-1"
+    cluster_uuid: str | None = None
+    clique_id: int = 0
+
+    @property
+    def system_uuid(self) -> str:
+        return str(uuid.uuid5(FLEET_NS, self.name))
+
+
+def default_fleet(nvl72_racks: int = 2, hgx_nodes: int = 4, trays: int = 18) -> list[SimNodeSpec]:
+    """GB200 NVL72 racks (18 compute trays × 4 GPUs, one NVLink domain each)
+    plus a rack of HGX H200 boxes (8 GPUs, each its own NVLink domain)."""
+    specs: list[SimNodeSpec] = []
+    for r in range(1, nvl72_racks + 1):
+        cluster = str(uuid.uuid5(FLEET_NS, f"nvl72-{r}"))
+        for t in range(1, trays + 1):
+            specs.append(
+                SimNodeSpec(name=f"gb200-r{r:02d}-t{t:02d}", kind="gb200", rack=f"r{r:02d}",
+                            leaf=f"leaf-{r}", cluster_uuid=cluster, clique_id=1)
+            )
+    hgx_rack = nvl72_racks + 1
+    for n in range(1, hgx_nodes + 1):
+        specs.append(
+            SimNodeSpec(name=f"h200-n{n:02d}", kind="h200", rack=f"r{hgx_rack:02d}",
+                        leaf=f"leaf-{hgx_rack}")
+        )
+    return specs
+
+
+@dataclass
+class SimNode:
+    spec: SimNodeSpec
+    nvml: Any
+    agent: Agent | None = None
+    task: asyncio.Task[None] | None = None
+    powered: bool = False
+    boots: int = 0
+    history: list[str] = field(default_factory=list)
+
+
+class SimFleet:
+    def __init__(
+        self,
+        specs: Sequence[SimNodeSpec],
+        *,
+        power_delay: bool = False,
+        watch_interval: float = 1.0,
+    ) -> None:
+        self.specs = list(specs)
+        self.emulator = RedfishEmulator(
+            [SimSystem(name=s.name, uuid=s.system_uuid, power_state="Off") for s in specs],
+            power_delay=power_delay,
+            username=SIM_USERNAME,
+            password=SIM_PASSWORD,
+        )
+        self.nodes = {
+            s.name: SimNode(
+                spec=s,
+                nvml=open_backend(f"fake:{s.kind}", node_name=s.name,
+                                  cluster_uuid=s.cluster_uuid, clique_id=s.clique_id),
+            )
+            for s in specs
+        }
+        self._watch_interval = watch_interval
+        self._watcher: asyncio.Task[None] | None = None
+        self._controller = ""
+
+    async def start(self, controller: str) -> None:
+        """Start the BMC emulator and the power watcher that runs agents."""
+        self._controller = controller
+        await self.emulator.start()
+        self._watcher = asyncio.create_task(self._watch(), name="sim-power-watch")
+
+    def bmc_url(self, name: str) -> str:
+        return self.emulator.system_url(name)
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        await asyncio.gather(*(self._power_off(n) for n in self.nodes.values()))
+        await self.emulator.stop()
+
+    # -- power following -------------------------------------------------------
+
+    def _read_power(self) -> dict[str, str]:
+        token = base64.b64encode(f"{SIM_USERNAME}:{SIM_PASSWORD}".encode()).decode()
+        states = {}
+        for node in self.nodes.values():
+            url = f"{self.emulator.base_url}/redfish/v1/Systems/{node.spec.system_uuid}"
+            req = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:  # loopback only
+                    states[node.spec.name] = json.load(resp).get("PowerState", "Unknown")
+            except OSError:
+                continue
+        return states
+
+    async def _watch(self) -> None:
+        while True:
+            states = await asyncio.to_thread(self._read_power)
+            for name, power in states.items():
+                node = self.nodes[name]
+                if power == "On" and not node.powered:
+                    await self._power_on(node)
+                elif power == "Off" and node.powered:
+                    await self._power_off(node)
+            await asyncio.sleep(self._watch_interval)
+
+    async def _power_on(self, node: SimNode) -> None:
+        node.powered = True
+        node.boots += 1
+        if node.boots > 1:
+            await asyncio.to_thread(node.nvml.reboot)
+        node.history.append("on")
+        node.agent = Agent(self._controller, node.spec.name, node.nvml,
+                           backend=f"fake:{node.spec.kind}", hostname=node.spec.name,
+                           backoff=(0.2, 5.0))
+        node.task = asyncio.create_task(node.agent.run(), name=f"agent-{node.spec.name}")
+        log.info("sim node %s: powered on; agent started", node.spec.name)
+
+    async def _power_off(self, node: SimNode) -> None:
+        if not node.powered:
+            return
+        node.powered = False
+        node.history.append("off")
+        if node.agent is not None:
+            await node.agent.stop()
+        if node.task is not None:
+            await asyncio.gather(node.task, return_exceptions=True)
+        node.agent = None
+        node.task = None
+        log.info("sim node %s: powered off; agent stopped", node.spec.name)

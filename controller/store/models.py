@@ -1,0 +1,89 @@
+"""Persistent state: the tables Kiln keeps in SQLite or PostgreSQL.
+
+Rows are plain storage shapes; the domain core converts them to its own
+dataclasses. JSON columns hold lists and small documents that are always
+read and written whole.
+"""
+
+from __future__ import annotations
+
+from sqlmodel import Field, SQLModel
+
+
+class NodeRow(SQLModel, table=True):
+    __tablename__ = "nodes"
+
+    name: str = Field(primary_key=True)
+    rack: str = Field(default="", index=True)
+    leaf: str = ""
+    spine: str = ""
+    bmc_url: str
+    bmc_username: str = ""
+    # Stored so the controller can drive the BMC; never logged or returned.
+    bmc_password: str = ""
+    bmc_insecure: bool = False
+    bmc_ca_bundle: str = ""
+    bmc_health: str = "unknown"
+    state: str = Field(default="enrolled", index=True)
+    state_reason: str = ""
+    drained: bool = False
+    power: str = "unknown"
+    expected_power: str = ""
+    gpu_model: str = ""
+    gpu_count: int = 0
+    nvlink_domain: str = ""
+    profile: str = ""
+    applied_profile: str = ""
+    allocation_id: str = Field(default="", index=True)
+    agent_last_seen: float = 0.0
+    health_json: str = ""
+    operation: str = ""  # the unfinished operation, for resume after a restart
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+class GpuRow(SQLModel, table=True):
+    __tablename__ = "gpus"
+
+    node: str = Field(primary_key=True, foreign_key="nodes.name")
+    index: int = Field(primary_key=True)
+    uuid: str = ""
+    model: str = ""
+    serial: str = ""
+    pci_bus_id: str = ""
+    pci_device_id: int = 0
+    memory_mib: int = 0
+    architecture: str = ""
+    clique: str = ""
+
+
+class AllocationRow(SQLModel, table=True):
+    __tablename__ = "allocations"
+
+    id: str = Field(primary_key=True)
+    key: str = Field(unique=True, index=True)
+    spec_json: str
+    state: str = Field(default="pending", index=True)
+    reason: str = ""
+    nodes_json: str = "[]"
+    spares_json: str = "[]"
+    domains_json: str = "[]"
+    queue: str = "default"
+    priority: int = 0
+    submitted: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "events"
+
+    seq: int | None = Field(default=None, primary_key=True)
+    at: float
+    kind: str = Field(index=True)
+    node: str = Field(default="", index=True)
+    allocation: str = Field(default="", index=True)
+    rule: str = ""
+    reason: str = ""
+    data_json: str = "{}"
+    published: bool = Field(default=False, index=True)

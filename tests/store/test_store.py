@@ -1,0 +1,103 @@
+"""The store on both engines: migrations, the outbox, uniqueness of keys."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, SQLModel, select
+
+from controller.core.errors import InvalidArgument
+from controller.core.eventlog import EventLog, record
+from controller.store.database import Database
+from controller.store.db import default_sqlite_url, open_engine
+from controller.store.models import AllocationRow, EventRow, NodeRow
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        url = default_sqlite_url(tmp_path)
+    else:
+        url = request.getfixturevalue("postgres_url")
+    eng = open_engine(url)
+    yield eng
+    if request.param == "postgresql":
+        SQLModel.metadata.drop_all(eng)
+        with eng.begin() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+    eng.dispose()
+
+
+def test_migrations_build_exactly_the_models(engine: Engine) -> None:
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
+    assert diff == []
+    assert {"nodes", "gpus", "allocations", "events"} <= set(inspect(engine).get_table_names())
+
+
+def test_migrating_twice_is_a_no_op(engine: Engine) -> None:
+    from controller.store.db import migrate
+
+    migrate(engine)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
+    eng = open_engine(default_sqlite_url(tmp_path))
+    with eng.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+    eng.dispose()
+
+
+def test_unknown_database_scheme_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="unsupported database"):
+        open_engine("mysql://localhost/kiln")
+    with pytest.raises(InvalidArgument, match="psycopg"):
+        open_engine("postgresql://localhost/kiln")
+
+
+def test_allocation_keys_are_unique(engine: Engine) -> None:
+    with Session(engine) as s:
+        s.add(AllocationRow(id="a1", key="k", spec_json="{}"))
+        s.commit()
+    with Session(engine) as s, pytest.raises(IntegrityError):
+        s.add(AllocationRow(id="a2", key="k", spec_json="{}"))
+        s.commit()
+
+
+async def test_events_commit_with_the_change_and_read_back_in_order(engine: Engine) -> None:
+    db = Database(engine)
+    log = EventLog(db)
+
+    def write(session: Session) -> None:
+        session.add(NodeRow(name="n1", bmc_url="redfish+http://127.0.0.1:1/redfish/v1/Systems/1"))
+        record(session, "node.enrolled", node="n1", reason="enrolled", extra=1)
+        record(session, "node.transition", node="n1", reason="next")
+
+    await db.tx(write)
+
+    def failing(session: Session) -> None:
+        record(session, "node.transition", node="n1", reason="never")
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        await db.tx(failing)  # rolled back: its event is gone with it
+    events = await log.since(0)
+    assert [e.kind for e in events] == ["node.enrolled", "node.transition"]
+    assert events[0].seq < events[1].seq
+    assert events[0].data == {"extra": 1}
+    later = await log.since(events[0].seq)
+    assert [e.reason for e in later] == ["next"]
+    rows = await db.read(lambda s: list(s.exec(select(EventRow))))
+    assert all(not r.published for r in rows)
+    assert json.loads(rows[0].data_json) == {"extra": 1}
+    db.close()
