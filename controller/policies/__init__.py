@@ -1,0 +1,33 @@
+"""Health policies: declarative rules that drain, quarantine or power down nodes.
+
+Pure domain code: no I/O except reading a rule file, no clock (times are
+passed in). See ``docs/policies.md``.
+"""
+
+from controller.policies.engine import Action, PolicyEngine
+from controller.policies.loader import (
+    RuleSetError,
+    load_default_rules,
+    load_rules,
+    load_rules_file,
+    parse_rules,
+)
+from controller.policies.rules import ActionKind, Metric, Op, Rule, RuleSet
+from controller.policies.samples import GpuReading, HealthSample
+
+__all__ = [
+    "Action",
+    "ActionKind",
+    "GpuReading",
+    "HealthSample",
+    "Metric",
+    "Op",
+    "PolicyEngine",
+    "Rule",
+    "RuleSet",
+    "RuleSetError",
+    "load_default_rules",
+    "load_rules",
+    "load_rules_file",
+    "parse_rules",
+]

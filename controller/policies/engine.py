@@ -1,0 +1,271 @@
+"""The policy engine: samples in, actions out.
+
+Phases of :meth:`PolicyEngine.observe`, per rule:
+
+1. Extract the rule's metric for every series (GPU or BMC sensor) of the
+   sample, with guard rails (:mod:`controller.policies.readings`).
+2. Advance each series' streak: a series whose value is known and satisfies
+   the condition extends its streak; any other value, or a gap between samples
+   longer than ``max_sample_gap``, resets it.
+3. If the rule's episode on this node is active, end it (re-arm) once a sample
+   shows every series known and clear; emit nothing.
+4. Otherwise, if some series' streak is ripe (``for:`` duration and
+   ``for_samples:`` count both reached), the episode starts: emit the rule's
+   actions once, through the caps, and schedule delayed ones for :meth:`tick`.
+
+The engine is pure: no I/O, no clock; it keeps only per-instance state.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from controller.policies.caps import CapLedger
+from controller.policies.readings import SeriesValue, series_values
+from controller.policies.rules import (
+    POWER_OFF_KINDS,
+    ActionKind,
+    ActionSpec,
+    Metric,
+    Rule,
+    RuleSet,
+)
+from controller.policies.samples import HealthSample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """Something the controller should do to ``node`` because ``rule`` fired.
+
+    ``dry_run``: report only, never execute. ``suppressed``: a cap refused it
+    (``"cap: ..."``); report it, never execute it.
+    """
+
+    rule: str
+    node: str
+    kind: ActionKind
+    reason: str
+    at: float
+    dry_run: bool = False
+    suppressed: str | None = None
+
+    @property
+    def executable(self) -> bool:
+        return not self.dry_run and self.suppressed is None
+
+
+@dataclass(slots=True)
+class _Streak:
+    since: float
+    count: int
+
+
+@dataclass(slots=True, eq=False)  # identity: pending lists remove this very one
+class _FollowUp:
+    due: float
+    rule: Rule
+    node: str
+    rack: str
+    kind: ActionKind
+    reason: str
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class _RuleNodeState:
+    streaks: dict[str, _Streak] = field(default_factory=dict)
+    active: bool = False
+    pending: list[_FollowUp] = field(default_factory=list)
+
+
+class PolicyEngine:
+    """Evaluates a :class:`RuleSet` over a stream of :class:`HealthSample`.
+
+    Not thread-safe; use one engine per controller event loop. Samples of a
+    node older than the newest one already seen for that node are ignored.
+    """
+
+    def __init__(self, rules: RuleSet) -> None:
+        self._rules = rules
+        self._state: dict[tuple[str, str], _RuleNodeState] = {}
+        self._last_at: dict[str, float] = {}
+        self._caps = CapLedger()
+        self._queue: list[tuple[float, int, _FollowUp]] = []
+        self._order = itertools.count()
+
+    @property
+    def rules(self) -> RuleSet:
+        return self._rules
+
+    def observe(self, sample: HealthSample) -> list[Action]:
+        """Feed one sample; return the actions it triggers now (maybe none)."""
+        last = self._last_at.get(sample.node)
+        if last is not None and sample.at < last:
+            log.debug("node %s: ignoring sample at %s older than %s", sample.node, sample.at, last)
+            return []
+        gap = False
+        if last is not None and sample.at - last > self._rules.max_sample_gap_s:
+            gap = True
+            log.info(
+                "node %s: %ss without a sample; streaks restart", sample.node, sample.at - last
+            )
+        self._last_at[sample.node] = sample.at
+        actions: list[Action] = []
+        for rule in self._rules.rules:
+            actions.extend(self._evaluate(rule, sample, gap))
+        return actions
+
+    def tick(self, now: float) -> list[Action]:
+        """Emit delayed actions (graceful power-off after its grace) due by ``now``."""
+        actions: list[Action] = []
+        while self._queue and self._queue[0][0] <= now:
+            _, _, follow = heapq.heappop(self._queue)
+            state = self._state.get((follow.rule.name, follow.node))
+            if state is not None and follow in state.pending:
+                state.pending.remove(follow)
+            if follow.cancelled:
+                continue
+            actions.append(
+                self._emit(follow.rule, follow.node, follow.rack, follow.kind, follow.reason, now)
+            )
+        return actions
+
+    def forget(self, node: str) -> None:
+        """Drop everything known about ``node`` (removed, or back from repair)."""
+        self._last_at.pop(node, None)
+        for rule in self._rules.rules:
+            state = self._state.pop((rule.name, node), None)
+            if state is not None:
+                for follow in state.pending:
+                    follow.cancelled = True
+
+    def pending(self, node: str) -> list[tuple[str, ActionKind, float]]:
+        """Delayed actions scheduled for ``node``: (rule, kind, due)."""
+        out: list[tuple[str, ActionKind, float]] = []
+        for rule in self._rules.rules:
+            state = self._state.get((rule.name, node))
+            if state is not None:
+                out.extend((rule.name, f.kind, f.due) for f in state.pending if not f.cancelled)
+        return sorted(out, key=lambda p: p[2])
+
+    def _evaluate(self, rule: Rule, sample: HealthSample, gap: bool) -> list[Action]:
+        state = self._state.setdefault((rule.name, sample.node), _RuleNodeState())
+        values = series_values(rule.when.metric, sample, rule.thresholds)
+        holding = [v for v in values if v.value is not None and rule.when.holds(v.value)]
+        previous = {} if gap else state.streaks
+        streaks: dict[str, _Streak] = {}
+        for v in holding:
+            prev = previous.get(v.series)
+            streaks[v.series] = (
+                _Streak(prev.since, prev.count + 1) if prev else _Streak(sample.at, 1)
+            )
+        state.streaks = streaks
+        if state.active:
+            if not holding and values and all(v.known for v in values):
+                log.info("node %s: rule %s cleared; re-armed", sample.node, rule.name)
+                state.active = False
+                for follow in state.pending:
+                    follow.cancelled = True
+                state.pending.clear()
+            return []
+        ripe = [v for v in holding if self._ripe(rule, streaks[v.series], sample.at)]
+        if not ripe:
+            return []
+        state.active = True
+        return self._fire(rule, sample, ripe, streaks, state)
+
+    @staticmethod
+    def _ripe(rule: Rule, streak: _Streak, now: float) -> bool:
+        if rule.for_samples is not None and streak.count < rule.for_samples:
+            return False
+        return rule.for_s is None or now - streak.since >= rule.for_s
+
+    def _fire(
+        self,
+        rule: Rule,
+        sample: HealthSample,
+        ripe: list[SeriesValue],
+        streaks: dict[str, _Streak],
+        state: _RuleNodeState,
+    ) -> list[Action]:
+        reason = _reason(rule, sample, ripe[0], streaks[ripe[0].series])
+        seen_xids: set[int] = set()
+        if rule.when.metric is Metric.XID:
+            for v in ripe:
+                assert isinstance(v.value, tuple)
+                seen_xids.update(v.value)
+        log.warning("node %s: rule %s fired: %s", sample.node, rule.name, reason)
+        actions: list[Action] = []
+        for spec in rule.actions:
+            if spec.on_xids is not None and not spec.on_xids & seen_xids:
+                continue
+            if spec.after_s > 0:
+                self._schedule(rule, sample, spec, reason, state)
+                continue
+            actions.append(self._emit(rule, sample.node, sample.rack, spec.kind, reason, sample.at))
+        return actions
+
+    def _schedule(
+        self, rule: Rule, sample: HealthSample, spec: ActionSpec, reason: str, state: _RuleNodeState
+    ) -> None:
+        due = sample.at + spec.after_s
+        follow = _FollowUp(
+            due=due,
+            rule=rule,
+            node=sample.node,
+            rack=sample.rack,
+            kind=spec.kind,
+            reason=f"{reason}; still active after {spec.after_s:g}s grace",
+        )
+        state.pending.append(follow)
+        heapq.heappush(self._queue, (due, next(self._order), follow))
+
+    def _emit(
+        self, rule: Rule, node: str, rack: str, kind: ActionKind, reason: str, at: float
+    ) -> Action:
+        dry_run = self._rules.dry_run or rule.dry_run
+        cap = rule.caps.for_kind(kind)
+        suppressed = None
+        if cap is not None:
+            family = "power_off" if kind in POWER_OFF_KINDS else "power_cycle"
+            suppressed = self._caps.admit(rule.name, family, cap, node, rack, at)
+            if suppressed:
+                log.warning(
+                    "node %s: %s by rule %s suppressed: %s", node, kind, rule.name, suppressed
+                )
+        if kind is ActionKind.POWER_OFF_NOW and suppressed is None:
+            self._cancel_graceful(node)
+        return Action(rule.name, node, kind, reason, at, dry_run, suppressed)
+
+    def _cancel_graceful(self, node: str) -> None:
+        # An immediate power-off supersedes any graceful one still waiting.
+        for rule in self._rules.rules:
+            state = self._state.get((rule.name, node))
+            if state is None:
+                continue
+            for follow in state.pending:
+                if follow.kind is ActionKind.POWER_OFF_GRACEFUL:
+                    follow.cancelled = True
+
+
+def _reason(rule: Rule, sample: HealthSample, value: SeriesValue, streak: _Streak) -> str:
+    if isinstance(value.value, tuple):
+        wanted = rule.when.value if isinstance(rule.when.value, frozenset) else frozenset()
+        matched = sorted(x for x in value.value if x in wanted)
+        observed = f"xid {matched}"
+    elif isinstance(value.value, bool):
+        observed = f"{rule.when.metric}={str(value.value).lower()}"
+    else:
+        observed = f"{rule.when.metric}={value.value:g}"
+    held = ""
+    if rule.sustained:
+        held = f" for {sample.at - streak.since:g}s over {streak.count} samples"
+    return (
+        f"{value.series} {observed} ({rule.when.describe()}){held} "
+        f"from {sample.source} at {sample.at:g}"
+    )

@@ -1,0 +1,184 @@
+"""The typed, validated form of a policy rule set.
+
+Nothing here parses YAML (see :mod:`controller.policies.loader`) or keeps
+state (see :mod:`controller.policies.engine`). Every value is immutable, so a
+:class:`RuleSet` can be shared by any number of engines.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ActionKind(StrEnum):
+    """What a rule asks the controller to do to a node."""
+
+    DRAIN = "drain"
+    NOTIFY_JOB = "notify_job"
+    POWER_OFF_GRACEFUL = "power_off_graceful"
+    POWER_OFF_NOW = "power_off_now"
+    QUARANTINE = "quarantine"
+    POWER_CYCLE = "power_cycle"
+
+
+#: Kinds that take a node down and are therefore subject to caps.
+POWER_OFF_KINDS = frozenset({ActionKind.POWER_OFF_GRACEFUL, ActionKind.POWER_OFF_NOW})
+
+
+class Metric(StrEnum):
+    """Metrics a rule can test. Temperatures are per GPU (or per BMC sensor)."""
+
+    GPU_TEMP_C = "gpu_temp_c"
+    GPU_TEMP_MARGIN_TO_SLOWDOWN_C = "gpu_temp_margin_to_slowdown_c"
+    GPU_TEMP_MARGIN_TO_SHUTDOWN_C = "gpu_temp_margin_to_shutdown_c"
+    ECC_DBE_VOLATILE = "ecc_dbe_volatile"
+    REMAP_FAILURE = "remap_failure"
+    REMAP_PENDING = "remap_pending"
+    GPU_LOST = "gpu_lost"
+    XID = "xid"
+
+
+NUMERIC_METRICS = frozenset(
+    {
+        Metric.GPU_TEMP_C,
+        Metric.GPU_TEMP_MARGIN_TO_SLOWDOWN_C,
+        Metric.GPU_TEMP_MARGIN_TO_SHUTDOWN_C,
+        Metric.ECC_DBE_VOLATILE,
+    }
+)
+BOOL_METRICS = frozenset({Metric.REMAP_FAILURE, Metric.REMAP_PENDING, Metric.GPU_LOST})
+#: Metrics a BMC-sourced sample can feed (it has no per-GPU NVML data).
+THERMAL_METRICS = frozenset(
+    {
+        Metric.GPU_TEMP_C,
+        Metric.GPU_TEMP_MARGIN_TO_SLOWDOWN_C,
+        Metric.GPU_TEMP_MARGIN_TO_SHUTDOWN_C,
+    }
+)
+
+
+class Op(StrEnum):
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+    IN = "in"
+
+
+COMPARISONS: dict[Op, Callable[[float, float], bool]] = {
+    Op.LT: operator.lt,
+    Op.LE: operator.le,
+    Op.GT: operator.gt,
+    Op.GE: operator.ge,
+    Op.EQ: operator.eq,
+    Op.NE: operator.ne,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """``metric op value``; for :attr:`Op.IN` ``value`` is a frozenset of XIDs."""
+
+    metric: Metric
+    op: Op
+    value: float | bool | frozenset[int]
+
+    def holds(self, observed: float | bool | tuple[int, ...]) -> bool:
+        """Whether a *valid* observed value satisfies the condition."""
+        if self.op is Op.IN:
+            assert isinstance(self.value, frozenset) and isinstance(observed, tuple)
+            return any(x in self.value for x in observed)
+        assert not isinstance(self.value, frozenset) and not isinstance(observed, tuple)
+        return COMPARISONS[self.op](observed, self.value)
+
+    def describe(self) -> str:
+        if isinstance(self.value, frozenset):
+            return f"{self.metric} in {sorted(self.value)}"
+        value = str(self.value).lower() if isinstance(self.value, bool) else f"{self.value:g}"
+        return f"{self.metric} {self.op} {value}"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Absolute thresholds used when a sample carries no usable per-GPU one."""
+
+    slowdown_c: float | None = None
+    shutdown_c: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    """At most ``per_rack`` nodes per rack and ``fleet`` nodes in all, per rule,
+    within any sliding ``window_s`` seconds. ``None`` means unlimited."""
+
+    per_rack: int | None
+    fleet: int | None
+    window_s: float
+
+
+DEFAULT_CAP = Cap(per_rack=2, fleet=10, window_s=600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    power_off: Cap = DEFAULT_CAP
+    power_cycle: Cap = DEFAULT_CAP
+
+    def for_kind(self, kind: ActionKind) -> Cap | None:
+        if kind in POWER_OFF_KINDS:
+            return self.power_off
+        if kind is ActionKind.POWER_CYCLE:
+            return self.power_cycle
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpec:
+    """One entry of a rule's ``actions``.
+
+    ``after_s`` delays the action from the moment the rule fires (only
+    graceful power-off uses it). ``on_xids`` restricts the action to episodes
+    where one of those XIDs was seen (``power_cycle_on_xid``).
+    """
+
+    kind: ActionKind
+    after_s: float = 0.0
+    on_xids: frozenset[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A validated rule; ``thresholds`` and ``caps`` are already merged with the
+    rule set's defaults."""
+
+    name: str
+    when: Condition
+    actions: tuple[ActionSpec, ...]
+    for_s: float | None = None
+    for_samples: int | None = None
+    dry_run: bool = False
+    thresholds: Thresholds = Thresholds()
+    caps: Caps = Caps()
+
+    @property
+    def sustained(self) -> bool:
+        """Whether the rule needs more than one sample to fire."""
+        return self.for_s is not None or self.for_samples is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """A whole, validated rule set (``version: v1``).
+
+    ``max_sample_gap_s``: if two samples of a node are further apart than this,
+    every ``for:``/``for_samples:`` streak on that node restarts.
+    """
+
+    rules: tuple[Rule, ...]
+    dry_run: bool = False
+    max_sample_gap_s: float = 30.0

@@ -1,0 +1,56 @@
+"""Health samples: what the policy engine observes.
+
+A :class:`HealthSample` is one report about one node at one instant. Agents
+build them from NVML (``source="agent"``, one :class:`GpuReading` per GPU);
+when a node's agent falls silent the controller builds them from the BMC's
+Redfish thermal sensors instead (``source="bmc"``, ``bmc_temps_c`` filled, no
+per-GPU data). Values the reporter could not read are ``None``; the engine
+treats ``None``, NaN and physically impossible values as "unknown", never as a
+reason to act.
+
+``xids`` holds the XID errors seen on that GPU *since the previous sample* of
+the same node (events, not a level): a sample without an XID ends its episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SampleSource = Literal["agent", "bmc"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU's health at the instant of a sample.
+
+    ``temp_c`` is the GPU core temperature; ``slowdown_c`` and ``shutdown_c``
+    are the part's own thresholds as NVML reports them (``None`` when unknown).
+    ``lost`` marks a GPU that has fallen off the bus (NVML ``GpuIsLost``).
+    """
+
+    index: int
+    temp_c: float | None
+    slowdown_c: float | None
+    shutdown_c: float | None
+    dbe_volatile: int | None = None
+    remap_failure: bool | None = None
+    remap_pending: bool | None = None
+    xids: tuple[int, ...] = ()
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSample:
+    """One health report for ``node`` (in ``rack``) taken at ``at`` (unix seconds).
+
+    ``source`` is ``"agent"`` (NVML, ``gpus`` filled) or ``"bmc"`` (Redfish
+    fallback, ``bmc_temps_c`` filled with the BMC's GPU temperature sensors).
+    """
+
+    node: str
+    rack: str
+    at: float
+    source: str
+    gpus: tuple[GpuReading, ...] = ()
+    bmc_temps_c: tuple[float, ...] = ()

@@ -1,0 +1,192 @@
+"""The whole path on real peers: a controller, the sushy-tools emulator as the
+BMCs, agents on the NVML fake; enrolment to gang allocation and back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.server import ControllerConfig, ControllerServer
+from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
+
+READY = types_pb2.NODE_STATE_READY
+
+
+class Harness:
+    def __init__(self, server: ControllerServer, fleet: SimFleet,
+                 stub: fleet_pb2_grpc.FleetServiceStub) -> None:
+        self.server = server
+        self.fleet = fleet
+        self.stub = stub
+
+    async def nodes(self) -> list[fleet_pb2.Node]:
+        return list((await self.stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes)
+
+    async def wait_all_ready(self, timeout: float = 60.0) -> list[fleet_pb2.Node]:
+        deadline = time.monotonic() + timeout
+        while True:
+            nodes = await self.nodes()
+            if nodes and all(n.state == READY and n.schedulable for n in nodes):
+                return nodes
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    "not ready: " + ", ".join(f"{n.name}={n.state}:{n.state_reason}"
+                                              for n in nodes if n.state != READY)
+                )
+            await asyncio.sleep(0.2)
+
+    async def wait_alloc(self, ident: str, state: int, timeout: float = 20.0
+                         ) -> fleet_pb2.Allocation:
+        deadline = time.monotonic() + timeout
+        while True:
+            alloc = await self.stub.GetAllocation(fleet_pb2.GetAllocationRequest(id=ident))
+            if alloc.state == state:
+                return alloc
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{ident} stuck in {alloc.state}: {alloc.reason}")
+            await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    server = ControllerServer(
+        ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path, reconcile_interval=0.2,
+                         sample_interval=0.5)
+    )
+    address = await server.start()
+    fleet = SimFleet(default_fleet(nvl72_racks=1, hgx_nodes=3, trays=4), watch_interval=0.3)
+    await fleet.start(address)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            for spec in fleet.specs:
+                await stub.EnrollNode(
+                    fleet_pb2.EnrollNodeRequest(
+                        name=spec.name, bmc_url=fleet.bmc_url(spec.name),
+                        username=SIM_USERNAME, password=SIM_PASSWORD, rack=spec.rack,
+                        leaf=spec.leaf, spine=spec.spine,
+                    )
+                )
+            yield Harness(server, fleet, stub)
+    finally:
+        await fleet.stop()
+        await server.stop()
+
+
+async def test_enrolled_nodes_are_powered_on_inspected_and_become_ready(
+    harness: Harness,
+) -> None:
+    nodes = await harness.wait_all_ready()
+    assert len(nodes) == 7
+    power = await asyncio.to_thread(harness.fleet._read_power)
+    assert set(power.values()) == {"On"}, "Kiln powered every node on through Redfish"
+    gb200 = [n for n in nodes if n.name.startswith("gb200")]
+    assert {n.gpu_model for n in gb200} == {"GB200"}
+    assert all(n.gpu_count == 4 for n in gb200)
+    assert len({n.nvlink_domain for n in gb200}) == 1 and gb200[0].nvlink_domain
+    h200 = [n for n in nodes if n.name.startswith("h200")]
+    assert all(n.gpu_count == 8 and n.gpu_model == "H200" for n in h200)
+    assert all(n.nvlink_domain == "" for n in h200)
+    assert all(SIM_PASSWORD not in str(n) for n in nodes)
+
+
+async def test_gang_allocations_are_whole_idempotent_queued_and_released(
+    harness: Harness,
+) -> None:
+    await harness.wait_all_ready()
+    stub = harness.stub
+    rack = await stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(key="rack", spec=fleet_pb2.AllocationSpec(racks=1))
+    )
+    assert rack.state == fleet_pb2.ALLOCATION_STATE_READY
+    assert sorted(rack.nodes) == [f"gb200-r01-t{t:02d}" for t in range(1, 5)]
+    assert len(rack.domains) == 1
+
+    spec = fleet_pb2.AllocationSpec(nodes=2, gpu_model="H200")
+    gang = await stub.CreateAllocation(fleet_pb2.CreateAllocationRequest(key="g", spec=spec))
+    assert gang.state == fleet_pb2.ALLOCATION_STATE_READY and len(gang.nodes) == 2
+    again = await stub.CreateAllocation(fleet_pb2.CreateAllocationRequest(key="g", spec=spec))
+    assert again.id == gang.id and list(again.nodes) == list(gang.nodes)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.CreateAllocation(
+            fleet_pb2.CreateAllocationRequest(key="g", spec=fleet_pb2.AllocationSpec(nodes=1))
+        )
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+    # Two more H200s cannot fit now (one is free): the request waits, with a reason.
+    waiting = await stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(key="w", spec=spec)
+    )
+    assert waiting.state == fleet_pb2.ALLOCATION_STATE_PENDING
+    assert waiting.reason and waiting.reason != "queued"
+    assert not waiting.nodes, "never a partial gang"
+
+    nodes = {n.name: n for n in await harness.nodes()}
+    for name in [*rack.nodes, *gang.nodes]:
+        assert nodes[name].state == types_pb2.NODE_STATE_ALLOCATED
+        assert nodes[name].allocation in (rack.id, gang.id)
+
+    released = await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=gang.id))
+    assert released.state == fleet_pb2.ALLOCATION_STATE_RELEASED
+    admitted = await harness.wait_alloc(waiting.id, fleet_pb2.ALLOCATION_STATE_READY)
+    assert len(admitted.nodes) == 2
+    for alloc in (rack, admitted):
+        await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))
+    again_released = await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=rack.id))
+    assert again_released.state == fleet_pb2.ALLOCATION_STATE_RELEASED
+    await harness.wait_all_ready()
+
+    events = stub.WatchEvents(fleet_pb2.WatchEventsRequest(allocation=rack.id, follow=False))
+    kinds = [e.kind async for e in events]
+    assert kinds[0] == "allocation.created" and "allocation.ready" in kinds
+    assert kinds[-1] in ("allocation.released", "node.transition")
+
+
+async def test_agents_report_health_that_the_controller_shows(harness: Harness) -> None:
+    await harness.wait_all_ready()
+    deadline = time.monotonic() + 10
+    while True:
+        node = await harness.stub.GetNode(fleet_pb2.GetNodeRequest(name="h200-n01"))
+        if node.health.gpus:
+            break
+        assert time.monotonic() < deadline, "no health report arrived"
+        await asyncio.sleep(0.2)
+    assert len(node.health.gpus) == 8
+    gpu = node.health.gpus[0]
+    assert gpu.HasField("temp_c") and 10 < gpu.temp_c < 90
+    assert gpu.HasField("shutdown_c") and gpu.shutdown_c > gpu.temp_c
+    assert node.agent_connected
+
+
+async def test_agent_going_away_makes_the_node_unschedulable(harness: Harness) -> None:
+    await harness.wait_all_ready()
+    result = await harness.stub.PowerNode(
+        fleet_pb2.PowerNodeRequest(name="h200-n03", action=types_pb2.POWER_ACTION_FORCE_OFF)
+    )
+    assert result.power == types_pb2.POWER_STATE_OFF
+    deadline = time.monotonic() + 10
+    while True:
+        node = await harness.stub.GetNode(fleet_pb2.GetNodeRequest(name="h200-n03"))
+        if not node.agent_connected:
+            break
+        assert time.monotonic() < deadline, "agent still connected after power off"
+        await asyncio.sleep(0.2)
+    assert not node.schedulable
+    pending = await harness.stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(
+            key="three", spec=fleet_pb2.AllocationSpec(nodes=3, gpu_model="H200")
+        )
+    )
+    assert pending.state == fleet_pb2.ALLOCATION_STATE_PENDING
+    assert not pending.nodes
+    await harness.stub.PowerNode(
+        fleet_pb2.PowerNodeRequest(name="h200-n03", action=types_pb2.POWER_ACTION_ON)
+    )
+    admitted = await harness.wait_alloc(pending.id, fleet_pb2.ALLOCATION_STATE_READY)
+    assert sorted(admitted.nodes) == ["h200-n01", "h200-n02", "h200-n03"]
