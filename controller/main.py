@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profiles", type=Path, default=None, help="directory of node profiles")
     p.add_argument("--sample-interval", type=float, default=5.0,
                    help="seconds between agent health samples")
+    p.add_argument("--rules", type=Path, default=None,
+                   help="health policy rules (YAML; default: the built-in rules)")
+    p.add_argument("--mqtt", default=None, help="HOST:PORT of the MQTT broker for events")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ControllerConfig(
         listen=args.listen, db_url=args.db, state_dir=args.state_dir,
         profiles_dir=args.profiles, sample_interval=args.sample_interval,
+        rules_file=args.rules, mqtt=args.mqtt,
     )
     try:
         asyncio.run(serve(config))

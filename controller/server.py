@@ -7,8 +7,10 @@ standard health service, over a Fleet on SQLite or PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import tempfile
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +22,17 @@ from grpc_reflection.v1alpha import reflection
 from controller.api.agent_service import AgentService
 from controller.api.fleet_service import FleetService
 from controller.bmc.pool import BmcPool
+from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
 from controller.core.profiles import ProfileCatalog
 from controller.gateway import PoolGateway
+from controller.events.publisher import MqttPublisher
 from controller.placement import QueueConfig
+from controller.policies import RuleSet, load_rules_file
 from controller.store.database import Database
 from controller.store.db import default_sqlite_url, open_engine
+from controller.store.outbox import StoreOutbox
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,9 @@ class ControllerConfig:
     bmc_power_timeout: float = 120.0
     bmc_workers: int = 256
     profiles: ProfileCatalog | None = field(default=None, repr=False)
+    rules: RuleSet | None = field(default=None, repr=False)  # None: rules_file or defaults
+    rules_file: Path | None = None
+    mqtt: str | None = None  # HOST:PORT of the MQTT broker events go to
 
 
 class ControllerServer:
@@ -61,6 +70,8 @@ class ControllerServer:
         self.fleet: Fleet | None = None
         self.db: Database | None = None
         self.address = ""
+        self.publisher: MqttPublisher | None = None
+        self._publisher_task: asyncio.Task[None] | None = None
 
     def _db_url(self) -> str:
         if self.config.db_url:
@@ -81,10 +92,22 @@ class ControllerServer:
             power_timeout=cfg.bmc_power_timeout,
         )
         self._bmc = bmc
+        rules = cfg.rules or (load_rules_file(cfg.rules_file) if cfg.rules_file else None)
         self.fleet = Fleet(
             self.db, bmc, profiles=profiles, queues=cfg.queues,
             reconcile_interval=cfg.reconcile_interval, sample_interval=cfg.sample_interval,
+            rules=rules,
         )
+        if cfg.mqtt:
+            host, _, port = cfg.mqtt.rpartition(":")
+            if not host or not port.isdigit():
+                raise InvalidArgument(f"--mqtt wants HOST:PORT, not {cfg.mqtt!r}")
+            self.publisher = MqttPublisher(
+                StoreOutbox(self.db), host, int(port),
+                client_id=f"kiln-controller-{uuid.uuid4().hex[:8]}",
+            )
+            self.db.on_commit(self.publisher.notify)
+            self._publisher_task = asyncio.create_task(self.publisher.run(), name="kiln-mqtt")
         server = grpc.aio.server()
         fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetService(self.fleet), server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(self.fleet), server)
@@ -110,6 +133,13 @@ class ControllerServer:
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+        if self.publisher is not None:
+            await self.publisher.stop()
+            self.publisher = None
+        if self._publisher_task is not None:
+            self._publisher_task.cancel()
+            await asyncio.gather(self._publisher_task, return_exceptions=True)
+            self._publisher_task = None
         if self.fleet is not None:
             await self.fleet.stop()
         if self._bmc is not None:

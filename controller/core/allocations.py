@@ -43,6 +43,7 @@ from controller.placement import (
     Topology,
     Usage,
     place,
+    replace_failed,
     schedule,
 )
 from controller.store.database import Database
@@ -148,7 +149,7 @@ class Allocations:
     async def topology(self) -> Topology:
         """The current snapshot of the fleet's topology (for exports)."""
         rows = await self._nodes.rows()
-        return Topology.build(node_spec(r, self._nodes.schedulable(r)) for r in rows)
+        return Topology.build(node_spec(r, self._nodes.usable(r)) for r in rows)
 
     async def create(self, key: str, spec: AllocationSpec) -> AllocationInfo:
         """Queue a gang request and try to place it at once.
@@ -264,7 +265,7 @@ class Allocations:
             rows, active, pending = await self._db.read(self._load)
             if not pending:
                 return
-            topology = Topology.build(node_spec(r, self._nodes.schedulable(r)) for r in rows)
+            topology = Topology.build(node_spec(r, self._nodes.usable(r)) for r in rows)
             gpus = {r.name: r.gpu_count for r in rows}
             usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
             result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
@@ -337,3 +338,71 @@ class Allocations:
                 row.updated_at = now
                 session.add(row)
                 record(session, "allocation.failed", allocation=ident, reason=reason)
+
+    async def node_failed(self, node: str, reason: str) -> None:
+        """Take a failed node out of its allocation and replace it.
+
+        The replacement comes from the allocation's hot spares, else from a
+        free node in the same NVLink domain; the job is told through an
+        ``allocation.node_replaced`` (or ``allocation.degraded``) event. A
+        node is never booked twice: the replacement is chosen against every
+        other booking, under the scheduling lock.
+        """
+        async with self._lock:
+            rows, active, _ = await self._db.read(self._load)
+            holder = next(
+                (a for a in active
+                 if node in json.loads(a.nodes_json) or node in json.loads(a.spares_json)),
+                None,
+            )
+            if holder is None:
+                return
+            topology = Topology.build(
+                node_spec(r, self._nodes.usable(r) and r.name != node) for r in rows
+            )
+            gpus = {r.name: r.gpu_count for r in rows}
+            bookings = [to_booking(a, gpus) for a in active]
+            usage = Usage.from_bookings(topology, bookings)
+            booking = next(b for b in bookings if b.key == holder.id)
+            outcome = replace_failed(topology, usage, booking, node)
+            await self._db.tx(lambda s: self._apply_replacement(s, holder.id, booking, node,
+                                                                outcome, reason))
+
+    def _apply_replacement(
+        self,
+        session: Session,
+        ident: str,
+        before: Booking,
+        failed: str,
+        outcome: Booking | NoFit,
+        reason: str,
+    ) -> None:
+        row = session.get(AllocationRow, ident)
+        failed_row = session.get(NodeRow, failed)
+        if row is None or failed_row is None:
+            return
+        failed_row.allocation_id = ""
+        session.add(failed_row)
+        if isinstance(outcome, NoFit):
+            nodes = [n for n in before.nodes if n != failed]
+            spares = [n for n in before.spares if n != failed]
+            row.reason = f"degraded: {failed} failed ({reason}); no replacement: {outcome.reason}"
+            kind, data = "allocation.degraded", {"failed": failed}
+        else:
+            nodes, spares = list(outcome.nodes), list(outcome.spares)
+            added = (set(nodes) | set(spares)) - (set(before.nodes) | set(before.spares))
+            for name in added:
+                fresh = session.get(NodeRow, name)
+                if fresh is None or fresh.allocation_id or fresh.state != NodeState.READY:
+                    raise FailedPrecondition(f"replacement {name} is no longer free")
+                fresh.allocation_id = ident
+                move(session, fresh, NodeState.ALLOCATED, f"replacement in {ident}")
+            replacement = [n for n in nodes if n not in before.nodes]
+            row.reason = f"{failed} failed ({reason}); replaced by {', '.join(replacement) or '-'}"
+            kind, data = "allocation.node_replaced", {
+                "failed": failed, "replacement": replacement, "spares_left": spares}
+        row.nodes_json = json.dumps(nodes)
+        row.spares_json = json.dumps(spares)
+        row.updated_at = time.time()
+        session.add(row)
+        record(session, kind, allocation=ident, node=failed, reason=row.reason, **data)

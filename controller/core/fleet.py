@@ -9,19 +9,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from controller.core.agents import AgentHub, AgentSession
 from controller.core.allocations import Allocations
 from controller.core.errors import InvalidArgument
 from controller.core.eventlog import EventLog
+from controller.core.health_policy import PolicyRunner
 from controller.core.lifecycle import Lifecycle
 from controller.core.model import AgentCommand, CommandOutcome, GpuInfo
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway
 from controller.core.profiles import ProfileCatalog
 from controller.placement import QueueConfig
+from controller.policies import PolicyEngine, RuleSet, load_default_rules
 from controller.store.database import Database
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class Fleet:
         queues: Sequence[QueueConfig] = (),
         reconcile_interval: float = 1.0,
         sample_interval: float = 5.0,
+        rules: RuleSet | None = None,
     ) -> None:
         self.db = db
         self.bmc = bmc
@@ -54,16 +57,24 @@ class Fleet:
             self.allocations.schedule_pass,
             interval=reconcile_interval,
         )
+        self.policies = PolicyRunner(
+            db, self.nodes, self.agents, bmc, PolicyEngine(rules or load_default_rules()),
+            self.allocations.node_failed,
+        )
         self.sample_interval = sample_interval
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self.lifecycle.run(), name="kiln-lifecycle"))
+        self._tasks.append(asyncio.create_task(self.policies.run(), name="kiln-policies"))
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
         await self.lifecycle.stop()
         self._tasks.clear()
 
@@ -82,7 +93,13 @@ class Fleet:
             raise
         log.info("node %s: agent registered with %d GPUs", node, len(gpus))
         self.lifecycle.wake()
+        self._spawn(self.allocations.schedule_pass())  # the node may be schedulable again
         return session
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def agent_disconnected(self, session: AgentSession) -> None:
         if self.agents.detach(session):
@@ -90,7 +107,9 @@ class Fleet:
             await self.nodes.agent_gone(session.node)
 
     async def agent_health(self, node: str, health: dict[str, Any]) -> None:
-        await self.nodes.agent_health(node, health)
+        rack = await self.nodes.agent_health(node, health)
+        if rack is not None:
+            await self.policies.observe(node, rack, health)
 
     async def inject_fault(self, node: str, fault_json: str) -> CommandOutcome:
         """Forward a fault to a simulated node's fake NVML (simulated fleets only)."""

@@ -63,13 +63,17 @@ class Nodes:
 
     # -- queries -------------------------------------------------------------
 
-    def schedulable(self, row: NodeRow) -> bool:
+    def usable(self, row: NodeRow) -> bool:
+        """Healthy and in service: may hold a job (bookings aside)."""
         return (
-            row.state == NodeState.READY
+            row.state in (NodeState.READY, NodeState.ALLOCATED)
             and not row.drained
-            and not row.allocation_id
             and self._agents.is_connected(row.name)
         )
+
+    def schedulable(self, row: NodeRow) -> bool:
+        """Usable and free: a new allocation may take it now."""
+        return self.usable(row) and row.state == NodeState.READY and not row.allocation_id
 
     def _info(self, row: NodeRow, gpus: list[GpuRow]) -> NodeInfo:
         return convert.node_info(
@@ -349,16 +353,19 @@ class Nodes:
         await self._db.tx(write)
         return await self.get(name)
 
-    async def agent_health(self, name: str, health: dict[str, Any]) -> None:
-        def write(session: Session) -> None:
+    async def agent_health(self, name: str, health: dict[str, Any]) -> str | None:
+        """Store the node's latest health report; returns its rack (None: unknown node)."""
+
+        def write(session: Session) -> str | None:
             row = session.get(NodeRow, name)
             if row is None:
-                return
+                return None
             row.health_json = json.dumps(health)
             row.agent_last_seen = time.time()
             session.add(row)
+            return row.rack
 
-        await self._db.tx(write)
+        return await self._db.read(write)
 
     async def agent_gone(self, name: str) -> None:
         def write(session: Session) -> None:

@@ -1,0 +1,192 @@
+"""Runs the health policies against live reports and carries out their actions.
+
+Agent reports become ``HealthSample``s for the pure policy engine. When a
+node's agent falls silent while the node is powered on, the node's BMC
+thermal sensors (Redfish) are sampled instead, so the thermal rules keep
+working. Every action — executed, dry-run or held back by a cap — is recorded
+as a ``policy.action`` event; executable ones drain, quarantine, power off or
+power-cycle the node through its BMC and tell the job that holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlmodel import Session
+
+from controller.core.agents import AgentHub
+from controller.core.errors import KilnError
+from controller.core.eventlog import record
+from controller.core.nodes import Nodes, bmc_target
+from controller.core.ports import BmcGateway
+from controller.core.states import NodeState
+from controller.core.transitions import load_node, move
+from controller.policies import Action, ActionKind, GpuReading, HealthSample, PolicyEngine
+from controller.store.database import Database
+from controller.store.models import NodeRow
+
+log = logging.getLogger(__name__)
+
+WATCHED = (NodeState.READY, NodeState.ALLOCATED, NodeState.DRAINING, NodeState.PREPARING)
+
+
+def _num(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def sample_from_report(node: str, rack: str, at: float, health: dict[str, Any]) -> HealthSample:
+    """An agent's health report (plain dict of the NodeHealth message) as a sample."""
+    gpus = []
+    for g in health.get("gpus") or []:
+        gpus.append(
+            GpuReading(
+                index=int(g.get("index", 0)),
+                temp_c=_num(g.get("temp_c")),
+                slowdown_c=_num(g.get("slowdown_c")),
+                shutdown_c=_num(g.get("shutdown_c")),
+                dbe_volatile=g.get("ecc_dbe_volatile"),
+                remap_failure=g.get("remap_failure"),
+                remap_pending=g.get("remap_pending"),
+                xids=tuple(int(x) for x in g.get("xids") or ()),
+                lost=bool(g.get("lost")),
+            )
+        )
+    return HealthSample(node=node, rack=rack, at=at, source="agent", gpus=tuple(gpus))
+
+
+class PolicyRunner:
+    def __init__(
+        self,
+        db: Database,
+        nodes: Nodes,
+        agents: AgentHub,
+        bmc: BmcGateway,
+        engine: PolicyEngine,
+        on_node_failed: Callable[[str, str], Awaitable[None]],
+        *,
+        tick_interval: float = 1.0,
+        silent_after: float = 15.0,
+        bmc_sample_interval: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._db = db
+        self._nodes = nodes
+        self._agents = agents
+        self._bmc = bmc
+        self.engine = engine
+        self._on_node_failed = on_node_failed
+        self._tick_interval = tick_interval
+        self._silent_after = silent_after
+        self._bmc_sample_interval = bmc_sample_interval
+        self._clock = clock
+        self._last_bmc_sample: dict[str, float] = {}
+        self._lock = asyncio.Lock()
+
+    async def observe(self, node: str, rack: str, health: dict[str, Any]) -> None:
+        sample = sample_from_report(node, rack, self._clock(), health)
+        await self._carry_out(self.engine.observe(sample))
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._carry_out(self.engine.tick(self._clock()))
+                await self._sample_silent_nodes()
+            except Exception:
+                log.exception("policy pass failed")
+            await asyncio.sleep(self._tick_interval)
+
+    async def _sample_silent_nodes(self) -> None:
+        now = self._clock()
+        for row in await self._nodes.rows():
+            if (
+                row.state not in WATCHED
+                or row.power != "on"
+                or self._agents.is_connected(row.name)
+                or now - row.agent_last_seen < self._silent_after
+                or now - self._last_bmc_sample.get(row.name, 0.0) < self._bmc_sample_interval
+            ):
+                continue
+            self._last_bmc_sample[row.name] = now
+            try:
+                temps = await self._bmc.thermal_c(bmc_target(row))
+            except KilnError as e:
+                log.info("node %s: agent silent and BMC thermal unreadable: %s", row.name, e)
+                continue
+            sample = HealthSample(node=row.name, rack=row.rack, at=now, source="bmc",
+                                  bmc_temps_c=tuple(temps))
+            await self._carry_out(self.engine.observe(sample))
+
+    async def _carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            async with self._lock:
+                try:
+                    await self._one(action)
+                except KilnError as e:
+                    log.warning("node %s: policy %s action %s failed: %s", action.node,
+                                action.rule, action.kind.value, e)
+                    await self._db.tx(lambda s, a=action, err=e: self._note(s, a, str(err)))
+
+    def _note(self, session: Session, action: Action, outcome: str) -> str:
+        row = session.get(NodeRow, action.node)
+        allocation = row.allocation_id if row is not None else ""
+        record(
+            session, "policy.action", node=action.node, allocation=allocation, rule=action.rule,
+            reason=action.reason, action=action.kind.value, dry_run=action.dry_run,
+            suppressed=action.suppressed, outcome=outcome,
+        )
+        return allocation
+
+    async def _one(self, action: Action) -> None:
+        if not action.executable:
+            why = "dry run" if action.dry_run else f"held back ({action.suppressed})"
+            await self._db.tx(lambda s: self._note(s, action, why))
+            return
+        kind = action.kind
+        log.warning("node %s: policy %s → %s (%s)", action.node, action.rule, kind.value,
+                    action.reason)
+        if kind == ActionKind.NOTIFY_JOB:
+            await self._db.tx(lambda s: self._notify_job(s, action))
+        elif kind == ActionKind.DRAIN:
+            await self._db.tx(lambda s: self._drain(s, action, NodeState.MAINTENANCE))
+        elif kind == ActionKind.QUARANTINE:
+            await self._db.tx(lambda s: self._drain(s, action, NodeState.QUARANTINED))
+            await self._on_node_failed(action.node, action.reason)
+        elif kind in (ActionKind.POWER_OFF_GRACEFUL, ActionKind.POWER_OFF_NOW):
+            await self._db.tx(lambda s: self._drain(s, action, NodeState.POWERED_OFF))
+            power = "off" if kind == ActionKind.POWER_OFF_GRACEFUL else "force_off"
+            await self._nodes.power(action.node, power)
+            await self._on_node_failed(action.node, action.reason)
+        elif kind == ActionKind.POWER_CYCLE:
+            await self._db.tx(lambda s: self._note(s, action, "power cycle"))
+            await self._nodes.power(action.node, "cycle")
+
+    def _notify_job(self, session: Session, action: Action) -> None:
+        allocation = self._note(session, action, "job notified")
+        if allocation:
+            record(session, "allocation.notice", node=action.node, allocation=allocation,
+                   rule=action.rule, reason=action.reason, action=action.kind.value)
+
+    def _drain(self, session: Session, action: Action, target: NodeState) -> None:
+        self._note(session, action, f"node to {target.value}")
+        row = load_node(session, action.node)
+        row.drained = True
+        row.operation = target.value
+        session.add(row)
+        if row.state != NodeState.DRAINING and row.state not in (
+            NodeState.QUARANTINED, NodeState.POWERED_OFF, NodeState.MAINTENANCE
+        ):
+            move(session, row, NodeState.DRAINING, f"{action.rule}: {action.reason}",
+                 rule=action.rule)
+        elif row.state != target and row.state != NodeState.DRAINING:
+            move(session, row, target, f"{action.rule}: {action.reason}", rule=action.rule)
