@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 import grpc
+from kiln.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 from agent.gpu_inventory import NodeInventory, read_inventory
 from agent.gpu_profile import GpuProfile, ProfileError
@@ -26,7 +27,6 @@ from agent.health import HealthSampler, NodeHealth
 from agent.metrics import AgentMetrics
 from agent.nvml.backend import NvmlBackend
 from agent.prepare import ApplyResult, apply_profile, check_drift, reset_to_defaults
-from kiln.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,14 @@ DRIFT_CHECK_EVERY = 6  # sampling rounds
 def gpu_pb(inventory: NodeInventory) -> list[types_pb2.Gpu]:
     return [
         types_pb2.Gpu(
-            index=g.index, uuid=g.uuid, model=g.name, serial=g.serial, pci_bus_id=g.pci_bus_id,
-            memory_mib=g.memory_total_mib, architecture=g.architecture, clique=g.clique,
+            index=g.index,
+            uuid=g.uuid,
+            model=g.name,
+            serial=g.serial,
+            pci_bus_id=g.pci_bus_id,
+            memory_mib=g.memory_total_mib,
+            architecture=g.architecture,
+            clique=g.clique,
             pci_device_id=g.pci_device_id,
         )
         for g in inventory.gpus
@@ -100,10 +106,13 @@ class Agent:
                     await self._session()
                     delay = self._backoff[0]
                 except grpc.aio.AioRpcError as e:
-                    log.info("node %s: controller stream ended: %s %s", self.node_name,
-                             e.code().name, e.details())
-                    if e.code() in (grpc.StatusCode.NOT_FOUND,
-                                    grpc.StatusCode.INVALID_ARGUMENT):
+                    log.info(
+                        "node %s: controller stream ended: %s %s",
+                        self.node_name,
+                        e.code().name,
+                        e.details(),
+                    )
+                    if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                         delay = self._backoff[1]
                 except (OSError, ConnectionError) as e:
                     log.info("node %s: cannot reach controller: %s", self.node_name, e)
@@ -134,9 +143,12 @@ class Agent:
         await outbox.put(
             agent_pb2.AgentMessage(
                 register=agent_pb2.Register(
-                    node_name=self.node_name, hostname=self.hostname,
-                    agent_version=AGENT_VERSION, driver_version=inventory.driver_version,
-                    nvml_backend=self.backend, gpus=gpu_pb(inventory),
+                    node_name=self.node_name,
+                    hostname=self.hostname,
+                    agent_version=AGENT_VERSION,
+                    driver_version=inventory.driver_version,
+                    nvml_backend=self.backend,
+                    gpus=gpu_pb(inventory),
                     applied_profile=self.applied_profile,
                 )
             )
@@ -159,8 +171,9 @@ class Agent:
                 reader = aiter(call)
                 while True:
                     nxt = asyncio.ensure_future(anext(reader))
-                    done, _ = await asyncio.wait({nxt, stopper},
-                                                 return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait(
+                        {nxt, stopper}, return_when=asyncio.FIRST_COMPLETED
+                    )
                     if nxt not in done:
                         nxt.cancel()
                         call.cancel()
@@ -173,8 +186,11 @@ class Agent:
                     if body == "registered":
                         self.connections += 1
                         self.registered.set()
-                        log.info("node %s: registered with controller %s", self.node_name,
-                                 self.controller)
+                        log.info(
+                            "node %s: registered with controller %s",
+                            self.node_name,
+                            self.controller,
+                        )
                         interval = msg.registered.sample_interval_s or 5.0
                         sampler = asyncio.create_task(self._sample_loop(outbox, interval))
                     elif body == "command":
@@ -209,8 +225,12 @@ class Agent:
             return
         drift = await asyncio.to_thread(check_drift, self.nvml, profile)
         if drift:
-            log.warning("node %s: GPU settings drifted (%s); re-applying %s", self.node_name,
-                        "; ".join(drift), profile.name)
+            log.warning(
+                "node %s: GPU settings drifted (%s); re-applying %s",
+                self.node_name,
+                "; ".join(drift),
+                profile.name,
+            )
             await asyncio.to_thread(apply_profile, self.nvml, profile)
 
     async def _execute(
@@ -246,8 +266,9 @@ class Agent:
     async def _inject(self, fault_json: str) -> ApplyResult:
         faults = getattr(self.nvml, "faults", None)
         if faults is None:
-            return ApplyResult(ok=False, changed=[],
-                               failures=["faults can only be injected into a simulated GPU"])
+            return ApplyResult(
+                ok=False, changed=[], failures=["faults can only be injected into a simulated GPU"]
+            )
         try:
             spec = json.loads(fault_json)
             message = await asyncio.to_thread(faults.apply_fault, spec)

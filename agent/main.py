@@ -17,15 +17,28 @@ from agent.nvml import open_backend
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kiln-agent", description=__doc__)
     p.add_argument("--controller", required=True, help="controller HOST:PORT")
-    p.add_argument("--node-name", default=socket.gethostname(),
-                   help="the node's enrolled name (default: the hostname)")
-    p.add_argument("--nvml", default="real",
-                   help="real (default), or a simulated node: fake:h100, fake:h200, fake:gb200")
-    p.add_argument("--cluster-uuid", default=None,
-                   help="fake:gb200 only: the NVLink fabric cluster UUID shared by a rack")
+    p.add_argument(
+        "--node-name",
+        default=socket.gethostname(),
+        help="the node's enrolled name (default: the hostname)",
+    )
+    p.add_argument(
+        "--nvml",
+        default="real",
+        help="real (default), or a simulated node: fake:h100, fake:h200, fake:gb200",
+    )
+    p.add_argument(
+        "--cluster-uuid",
+        default=None,
+        help="fake:gb200 only: the NVLink fabric cluster UUID shared by a rack",
+    )
     p.add_argument("--clique-id", type=int, default=0, help="fake:gb200 only: the clique id")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics (dcgm-exporter names) on this port")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics (dcgm-exporter names) on this port",
+    )
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -33,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run(args: argparse.Namespace) -> None:
     nvml = open_backend(
-        args.nvml, node_name=args.node_name, cluster_uuid=args.cluster_uuid,
+        args.nvml,
+        node_name=args.node_name,
+        cluster_uuid=args.cluster_uuid,
         clique_id=args.clique_id,
     )
     metrics = AgentMetrics(args.node_name) if args.metrics_port is not None else None

@@ -22,18 +22,21 @@ class PoolGateway:
     def __init__(self, pool: BmcPool, *, power_timeout: float = 120.0) -> None:
         self._pool = pool
         self._power_timeout = power_timeout
+        self._handles: dict[str, Bmc] = {}
 
     def canonical_url(self, url: str) -> str:
         return parse_bmc_url(url).url
 
     def _bmc(self, target: BmcTarget) -> Bmc:
         tls = TlsOptions(verify=not target.insecure, ca_bundle=target.ca_bundle or None)
-        return self._pool.get(
+        handle = self._pool.get(
             target.node,
             parse_bmc_url(target.url),
             BmcCredentials(target.username, target.password),
             tls,
         )
+        self._handles[target.node] = handle
+        return handle
 
     async def power_state(self, target: BmcTarget) -> str:
         return STATES.get(await self._bmc(target).power.state(), "unknown")
@@ -45,14 +48,15 @@ class PoolGateway:
         return STATES.get(state, "unknown")
 
     def health(self, node: str) -> str:
-        return self._pool.health_of(node)
+        handle = self._handles.get(node)
+        return handle.health.state if handle is not None else "unknown"
 
     async def thermal_c(self, target: BmcTarget) -> list[float]:
         readings = await self._bmc(target).sensors.readings()
-        return [t.celsius for t in readings.temperatures if t.celsius is not None]
+        return [t.value for t in readings.temperatures if t.value is not None]
 
     def forget(self, node: str) -> None:
-        self._pool.forget(node)
+        self._handles.pop(node, None)
 
     async def close(self) -> None:
         await self._pool.close()

@@ -22,13 +22,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="database URL; default SQLite in --state-dir "
         "(PostgreSQL: postgresql+psycopg://USER@HOST/DB)",
     )
-    p.add_argument("--state-dir", type=Path, default=Path("state"),
-                   help="directory for the SQLite database (default ./state)")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("state"),
+        help="directory for the SQLite database (default ./state)",
+    )
     p.add_argument("--profiles", type=Path, default=None, help="directory of node profiles")
-    p.add_argument("--sample-interval", type=float, default=5.0,
-                   help="seconds between agent health samples")
-    p.add_argument("--rules", type=Path, default=None,
-                   help="health policy rules (YAML; default: the built-in rules)")
+    p.add_argument(
+        "--sample-interval", type=float, default=5.0, help="seconds between agent health samples"
+    )
+    p.add_argument(
+        "--rules",
+        type=Path,
+        default=None,
+        help="health policy rules (YAML; default: the built-in rules)",
+    )
     p.add_argument("--mqtt", default=None, help="HOST:PORT of the MQTT broker for events")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -55,9 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     config = ControllerConfig(
-        listen=args.listen, db_url=args.db, state_dir=args.state_dir,
-        profiles_dir=args.profiles, sample_interval=args.sample_interval,
-        rules_file=args.rules, mqtt=args.mqtt,
+        listen=args.listen,
+        db_url=args.db,
+        state_dir=args.state_dir,
+        profiles_dir=args.profiles,
+        sample_interval=args.sample_interval,
+        rules_file=args.rules,
+        mqtt=args.mqtt,
     )
     try:
         asyncio.run(serve(config))

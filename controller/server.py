@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 
 from controller.api.agent_service import AgentService
 from controller.api.fleet_service import FleetService
@@ -26,14 +27,13 @@ from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
 from controller.core.profiles import ProfileCatalog
-from controller.gateway import PoolGateway
 from controller.events.publisher import MqttPublisher
+from controller.gateway import PoolGateway
 from controller.placement import QueueConfig
 from controller.policies import RuleSet, load_rules_file
 from controller.store.database import Database
 from controller.store.db import default_sqlite_url, open_engine
 from controller.store.outbox import StoreOutbox
-from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,12 @@ class ControllerServer:
         self._bmc = bmc
         rules = cfg.rules or (load_rules_file(cfg.rules_file) if cfg.rules_file else None)
         self.fleet = Fleet(
-            self.db, bmc, profiles=profiles, queues=cfg.queues,
-            reconcile_interval=cfg.reconcile_interval, sample_interval=cfg.sample_interval,
+            self.db,
+            bmc,
+            profiles=profiles,
+            queues=cfg.queues,
+            reconcile_interval=cfg.reconcile_interval,
+            sample_interval=cfg.sample_interval,
             rules=rules,
         )
         if cfg.mqtt:
@@ -103,7 +107,9 @@ class ControllerServer:
             if not host or not port.isdigit():
                 raise InvalidArgument(f"--mqtt wants HOST:PORT, not {cfg.mqtt!r}")
             self.publisher = MqttPublisher(
-                StoreOutbox(self.db), host, int(port),
+                StoreOutbox(self.db),
+                host,
+                int(port),
                 client_id=f"kiln-controller-{uuid.uuid4().hex[:8]}",
             )
             self.db.on_commit(self.publisher.notify)

@@ -8,7 +8,6 @@ import pytest
 from peers import ControllerThread, postgres_server
 
 
-
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A real PostgreSQL server for the whole session (started on demand)."""
@@ -22,8 +21,11 @@ def controller_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from controller.server import ControllerConfig
 
     controller = ControllerThread(
-        ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path_factory.mktemp("controller"),
-                         reconcile_interval=0.2)
+        ControllerConfig(
+            listen="127.0.0.1:0",
+            state_dir=tmp_path_factory.mktemp("controller"),
+            reconcile_interval=0.2,
+        )
     )
     address = controller.start()
     try:

@@ -53,15 +53,37 @@ def postgres_server() -> Iterator[str]:
         os.chown(tmp, user.pw_uid, user.pw_gid)
         run_as = ["runuser", "-u", "postgres", "--"]
     subprocess.run(
-        [*run_as, str(bindir / "initdb"), "-D", str(data), "-U", "kiln", "--auth=trust",
-         "-E", "UTF8"],
-        check=True, capture_output=True,
+        [
+            *run_as,
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "kiln",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        ],
+        check=True,
+        capture_output=True,
     )
     proc = subprocess.Popen(
-        [*run_as, str(bindir / "postgres"), "-D", str(data), "-p", str(port),
-         "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={tmp}",
-         "-c", "fsync=off"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            *run_as,
+            str(bindir / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={tmp}",
+            "-c",
+            "fsync=off",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 30
@@ -77,7 +99,8 @@ def postgres_server() -> Iterator[str]:
             time.sleep(0.2)
         subprocess.run(
             [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "kiln", "kiln"],
-            check=True, capture_output=True,
+            check=True,
+            capture_output=True,
         )
         yield f"postgresql+psycopg://kiln@127.0.0.1:{port}/kiln"
     finally:

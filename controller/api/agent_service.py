@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
+from kiln.v1 import agent_pb2, agent_pb2_grpc
 
 from controller.api import convert
 from controller.api.errors import status_for
@@ -20,7 +21,6 @@ from controller.core.agents import AgentSession
 from controller.core.errors import KilnError
 from controller.core.fleet import Fleet
 from controller.core.model import AgentCommand, CommandOutcome
-from kiln.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         try:
             while not reader.done():
                 getter = asyncio.create_task(session.queue.get())
-                done, _ = await asyncio.wait(
-                    {getter, reader}, return_when=asyncio.FIRST_COMPLETED
-                )
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
                     getter.cancel()
                     break
@@ -98,8 +96,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     self._fleet.agents.resolve(
                         session,
                         r.id,
-                        CommandOutcome(ok=r.ok, changed=tuple(r.changed),
-                                       failures=tuple(r.failures), message=r.message),
+                        CommandOutcome(
+                            ok=r.ok,
+                            changed=tuple(r.changed),
+                            failures=tuple(r.failures),
+                            message=r.message,
+                        ),
                     )
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             return

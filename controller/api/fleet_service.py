@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TypeAlias
 
 import grpc
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 from controller.api import convert
 from controller.api.errors import streaming, unary
@@ -12,16 +14,16 @@ from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.model import EnrollSpec
 from controller.placement import export_k8s_labels, export_slurm_topology
-from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
-Ctx = grpc.aio.ServicerContext
+Ctx: TypeAlias = grpc.aio.ServicerContext
 
 
 def _action(value: int) -> str:
     action = convert.POWER_ACTION.get(value)
     if action is None:
-        raise InvalidArgument("a power action is required (status, on, off, force_off, cycle, "
-                              "restart)")
+        raise InvalidArgument(
+            "a power action is required (status, on, off, force_off, cycle, restart)"
+        )
     return action
 
 
@@ -30,12 +32,20 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         self._fleet = fleet
 
     @unary
-    async def EnrollNode(self, request: fleet_pb2.EnrollNodeRequest, context: Ctx) -> fleet_pb2.Node:
+    async def EnrollNode(
+        self, request: fleet_pb2.EnrollNodeRequest, context: Ctx
+    ) -> fleet_pb2.Node:
         node = await self._fleet.nodes.enroll(
             EnrollSpec(
-                name=request.name, bmc_url=request.bmc_url, username=request.username,
-                password=request.password, rack=request.rack, leaf=request.leaf,
-                spine=request.spine, insecure=request.insecure, ca_bundle=request.ca_bundle,
+                name=request.name,
+                bmc_url=request.bmc_url,
+                username=request.username,
+                password=request.password,
+                rack=request.rack,
+                leaf=request.leaf,
+                spine=request.spine,
+                insecure=request.insecure,
+                ca_bundle=request.ca_bundle,
                 profile=request.profile,
             )
         )
@@ -51,7 +61,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         state = ""
         if request.state:
             state = types_pb2.NodeState.Name(request.state).removeprefix("NODE_STATE_").lower()
-        nodes = await self._fleet.nodes.list(rack=request.rack, state=state)
+        nodes = await self._fleet.nodes.query(rack=request.rack, state=state)
         return fleet_pb2.ListNodesResponse(nodes=[convert.node_pb(n) for n in nodes])
 
     @unary
@@ -72,8 +82,11 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         self, request: fleet_pb2.PowerNodesRequest, context: Ctx
     ) -> AsyncIterator[fleet_pb2.PowerProgress]:
         progress = self._fleet.nodes.power_many(
-            names=list(request.names), rack=request.rack, all_nodes=request.all,
-            action=_action(request.action), concurrency=request.concurrency or 64,
+            names=list(request.names),
+            rack=request.rack,
+            all_nodes=request.all,
+            action=_action(request.action),
+            concurrency=request.concurrency or 64,
         )
         async for result, done, total in progress:
             yield convert.power_progress_pb(result, done, total)
@@ -132,7 +145,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def ListAllocations(
         self, request: fleet_pb2.ListAllocationsRequest, context: Ctx
     ) -> fleet_pb2.ListAllocationsResponse:
-        allocs = await self._fleet.allocations.list(include_released=request.include_released)
+        allocs = await self._fleet.allocations.query(include_released=request.include_released)
         return fleet_pb2.ListAllocationsResponse(
             allocations=[convert.allocation_pb(a) for a in allocs]
         )
@@ -150,7 +163,9 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         self, request: fleet_pb2.WatchEventsRequest, context: Ctx
     ) -> AsyncIterator[types_pb2.Event]:
         async for event in self._fleet.events.watch(
-            request.after_seq, follow=request.follow, node=request.node,
+            request.after_seq,
+            follow=request.follow,
+            node=request.node,
             allocation=request.allocation,
         ):
             yield convert.event_pb(event)

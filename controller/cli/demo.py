@@ -21,24 +21,27 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
-from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 Say = Callable[[str], None]
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("demo", help="run a simulated fleet end to end",
-                              description=__doc__)
+    p = subparsers.add_parser("demo", help="run a simulated fleet end to end", description=__doc__)
     p.add_argument("--racks", type=int, default=2, help="GB200 NVL72 racks (default 2)")
     p.add_argument("--hgx", type=int, default=4, help="HGX H200 nodes (default 4)")
-    p.add_argument("--serve", action="store_true",
-                   help="keep the fleet up and print the controller address")
+    p.add_argument(
+        "--serve", action="store_true", help="keep the fleet up and print the controller address"
+    )
     p.add_argument("--listen", default="127.0.0.1:0", help="controller HOST:PORT (default: any)")
-    p.add_argument("--power-delay", action="store_true",
-                   help="let power changes land 1-11 s late, as the emulator does by default")
+    p.add_argument(
+        "--power-delay",
+        action="store_true",
+        help="let power changes land 1-11 s late, as the emulator does by default",
+    )
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     p.set_defaults(func=run_demo)
 
@@ -70,8 +73,10 @@ async def demo(args: argparse.Namespace, say: Say) -> int:
     fleet = SimFleet(default_fleet(args.racks, args.hgx), power_delay=args.power_delay)
     try:
         await fleet.start(address)
-        say(f"bmcs        sushy-tools Redfish emulator at {fleet.emulator.base_url} "
-            f"serving {len(fleet.specs)} systems")
+        say(
+            f"bmcs        sushy-tools Redfish emulator at {fleet.emulator.base_url} "
+            f"serving {len(fleet.specs)} systems"
+        )
         async with grpc.aio.insecure_channel(address) as channel:
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             await enroll_all(stub, fleet, say)
@@ -94,13 +99,20 @@ async def enroll_all(stub: fleet_pb2_grpc.FleetServiceStub, fleet: SimFleet, say
     for spec in fleet.specs:
         await stub.EnrollNode(
             fleet_pb2.EnrollNodeRequest(
-                name=spec.name, bmc_url=fleet.bmc_url(spec.name), username=SIM_USERNAME,
-                password=SIM_PASSWORD, rack=spec.rack, leaf=spec.leaf, spine=spec.spine,
+                name=spec.name,
+                bmc_url=fleet.bmc_url(spec.name),
+                username=SIM_USERNAME,
+                password=SIM_PASSWORD,
+                rack=spec.rack,
+                leaf=spec.leaf,
+                spine=spec.spine,
             )
         )
     kinds = Counter(s.kind for s in fleet.specs)
-    say(f"enrol       {len(fleet.specs)} nodes through the API: "
-        + ", ".join(f"{n} × {k.upper()}" for k, n in sorted(kinds.items())))
+    say(
+        f"enrol       {len(fleet.specs)} nodes through the API: "
+        + ", ".join(f"{n} × {k.upper()}" for k, n in sorted(kinds.items()))
+    )
 
 
 async def wait_ready(
@@ -126,8 +138,9 @@ def describe(alloc: fleet_pb2.Allocation) -> str:
     state = short(fleet_pb2.AllocationState.Name(alloc.state), "ALLOCATION_STATE_")
     nodes = list(alloc.nodes)
     shown = ", ".join(nodes) if len(nodes) <= 4 else f"{nodes[0]} … {nodes[-1]}"
-    return (f"{alloc.id} {state}: {len(nodes)} nodes in {len(alloc.domains)} NVLink "
-            f"domain(s) [{shown}]")
+    return (
+        f"{alloc.id} {state}: {len(nodes)} nodes in {len(alloc.domains)} NVLink domain(s) [{shown}]"
+    )
 
 
 async def allocate_and_release(stub: fleet_pb2_grpc.FleetServiceStub, say: Say) -> bool:
@@ -140,16 +153,18 @@ async def allocate_and_release(stub: fleet_pb2_grpc.FleetServiceStub, say: Say) 
     gang = await stub.CreateAllocation(
         fleet_pb2.CreateAllocationRequest(
             key="demo-hgx-gang",
-            spec=fleet_pb2.AllocationSpec(nodes=2, gpu_model="H200",
-                                          topology=fleet_pb2.TOPOLOGY_LEVEL_LEAF),
+            spec=fleet_pb2.AllocationSpec(
+                nodes=2, gpu_model="H200", topology=fleet_pb2.TOPOLOGY_LEVEL_LEAF
+            ),
         )
     )
     say(f"allocate    gang of 2 HGX H200 nodes → {describe(gang)}")
     again = await stub.CreateAllocation(
         fleet_pb2.CreateAllocationRequest(
             key="demo-hgx-gang",
-            spec=fleet_pb2.AllocationSpec(nodes=2, gpu_model="H200",
-                                          topology=fleet_pb2.TOPOLOGY_LEVEL_LEAF),
+            spec=fleet_pb2.AllocationSpec(
+                nodes=2, gpu_model="H200", topology=fleet_pb2.TOPOLOGY_LEVEL_LEAF
+            ),
         )
     )
     say(f"idempotent  same key again → {again.id} (same allocation: {again.id == gang.id})")

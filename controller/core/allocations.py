@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
@@ -64,9 +65,7 @@ def validate_spec(spec: AllocationSpec) -> None:
     if spec.segment < 0 or spec.spares_per_domain < 0:
         raise InvalidArgument("segment and spares must not be negative")
     if spec.segment and spec.nodes % spec.segment:
-        raise InvalidArgument(
-            f"{spec.nodes} nodes cannot be split into segments of {spec.segment}"
-        )
+        raise InvalidArgument(f"{spec.nodes} nodes cannot be split into segments of {spec.segment}")
     if spec.queue:
         validate_name("queue", spec.queue)
 
@@ -118,9 +117,7 @@ def to_booking(row: AllocationRow, gpus_per_node: dict[str, int]) -> Booking:
 
 
 class Allocations:
-    def __init__(
-        self, db: Database, nodes: Nodes, *, queues: Sequence[QueueConfig] = ()
-    ) -> None:
+    def __init__(self, db: Database, nodes: Nodes, *, queues: Sequence[QueueConfig] = ()) -> None:
         self._db = db
         self._nodes = nodes
         self._queues = tuple(queues)
@@ -128,20 +125,21 @@ class Allocations:
 
     async def get(self, ident: str) -> AllocationInfo:
         def query(session: Session) -> AllocationInfo:
-            row = session.get(AllocationRow, ident) or session.exec(
-                select(AllocationRow).where(AllocationRow.key == ident)
-            ).first()
+            row = (
+                session.get(AllocationRow, ident)
+                or session.exec(select(AllocationRow).where(AllocationRow.key == ident)).first()
+            )
             if row is None:
                 raise NotFound(kind="allocation", name=ident)
             return convert.allocation_info(row)
 
         return await self._db.read(query)
 
-    async def list(self, *, include_released: bool = False) -> list[AllocationInfo]:
+    async def query(self, *, include_released: bool = False) -> list[AllocationInfo]:
         def query(session: Session) -> list[AllocationInfo]:
             stmt = select(AllocationRow).order_by(col(AllocationRow.submitted))
             if not include_released:
-                stmt = stmt.where(col(AllocationRow.state).in_(("pending",) + ACTIVE))
+                stmt = stmt.where(col(AllocationRow.state).in_(("pending", *ACTIVE)))
             return [convert.allocation_info(r) for r in session.exec(stmt)]
 
         return await self._db.read(query)
@@ -187,8 +185,14 @@ class Allocations:
                 updated_at=now,
             )
             session.add(row)
-            record(session, "allocation.created", allocation=row.id, reason="requested",
-                   key=key, spec=spec.to_dict())
+            record(
+                session,
+                "allocation.created",
+                allocation=row.id,
+                reason="requested",
+                key=key,
+                spec=spec.to_dict(),
+            )
             return row.id
 
         try:
@@ -252,8 +256,13 @@ class Allocations:
             row.reason = "released"
             row.updated_at = time.time()
             session.add(row)
-            record(session, "allocation.released", allocation=row.id, reason="released",
-                   nodes=json.loads(row.nodes_json))
+            record(
+                session,
+                "allocation.released",
+                allocation=row.id,
+                reason="released",
+                nodes=json.loads(row.nodes_json),
+            )
 
         await self._db.tx(write)
         await self.schedule_pass()
@@ -269,8 +278,9 @@ class Allocations:
             gpus = {r.name: r.gpu_count for r in rows}
             usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
             result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
-            await self._db.tx(lambda s: self._apply(s, result.admitted, result.waiting,
-                                                    result.rejected))
+            await self._db.tx(
+                lambda s: self._apply(s, result.admitted, result.waiting, result.rejected)
+            )
 
     @staticmethod
     def _load(
@@ -280,13 +290,15 @@ class Allocations:
         allocs = list(
             session.exec(
                 select(AllocationRow)
-                .where(col(AllocationRow.state).in_(("pending",) + ACTIVE))
+                .where(col(AllocationRow.state).in_(("pending", *ACTIVE)))
                 .order_by(col(AllocationRow.submitted))
             )
         )
-        return rows, [a for a in allocs if a.state != "pending"], [
-            a for a in allocs if a.state == "pending"
-        ]
+        return (
+            rows,
+            [a for a in allocs if a.state != "pending"],
+            [a for a in allocs if a.state == "pending"],
+        )
 
     def _apply(
         self,
@@ -310,18 +322,30 @@ class Allocations:
                 assert m is not None
                 m.allocation_id = ident
                 spare = m.name in placement.spares
-                move(session, m, NodeState.ALLOCATED,
-                     f"{'hot spare for' if spare else 'allocated to'} {ident}")
+                move(
+                    session,
+                    m,
+                    NodeState.ALLOCATED,
+                    f"{'hot spare for' if spare else 'allocated to'} {ident}",
+                )
             row.state = "ready"
-            row.reason = f"{len(placement.nodes)} nodes in {len(placement.domains)} NVLink domain(s)"
+            row.reason = (
+                f"{len(placement.nodes)} nodes in {len(placement.domains)} NVLink domain(s)"
+            )
             row.nodes_json = json.dumps(list(placement.nodes))
             row.spares_json = json.dumps(list(placement.spares))
             row.domains_json = json.dumps(list(placement.domains))
             row.updated_at = now
             session.add(row)
-            record(session, "allocation.ready", allocation=ident, reason=row.reason,
-                   nodes=list(placement.nodes), spares=list(placement.spares),
-                   domains=list(placement.domains))
+            record(
+                session,
+                "allocation.ready",
+                allocation=ident,
+                reason=row.reason,
+                nodes=list(placement.nodes),
+                spares=list(placement.spares),
+                domains=list(placement.domains),
+            )
             log.info("allocation %s: ready on %s", ident, ",".join(placement.nodes))
         for ident, reason in waiting.items():
             row = session.get(AllocationRow, ident)
@@ -351,8 +375,11 @@ class Allocations:
         async with self._lock:
             rows, active, _ = await self._db.read(self._load)
             holder = next(
-                (a for a in active
-                 if node in json.loads(a.nodes_json) or node in json.loads(a.spares_json)),
+                (
+                    a
+                    for a in active
+                    if node in json.loads(a.nodes_json) or node in json.loads(a.spares_json)
+                ),
                 None,
             )
             if holder is None:
@@ -365,8 +392,9 @@ class Allocations:
             usage = Usage.from_bookings(topology, bookings)
             booking = next(b for b in bookings if b.key == holder.id)
             outcome = replace_failed(topology, usage, booking, node)
-            await self._db.tx(lambda s: self._apply_replacement(s, holder.id, booking, node,
-                                                                outcome, reason))
+            await self._db.tx(
+                lambda s: self._apply_replacement(s, holder.id, booking, node, outcome, reason)
+            )
 
     def _apply_replacement(
         self,
@@ -387,7 +415,8 @@ class Allocations:
             nodes = [n for n in before.nodes if n != failed]
             spares = [n for n in before.spares if n != failed]
             row.reason = f"degraded: {failed} failed ({reason}); no replacement: {outcome.reason}"
-            kind, data = "allocation.degraded", {"failed": failed}
+            kind = "allocation.degraded"
+            data: dict[str, Any] = {"failed": failed}
         else:
             nodes, spares = list(outcome.nodes), list(outcome.spares)
             added = (set(nodes) | set(spares)) - (set(before.nodes) | set(before.spares))
@@ -399,8 +428,8 @@ class Allocations:
                 move(session, fresh, NodeState.ALLOCATED, f"replacement in {ident}")
             replacement = [n for n in nodes if n not in before.nodes]
             row.reason = f"{failed} failed ({reason}); replaced by {', '.join(replacement) or '-'}"
-            kind, data = "allocation.node_replaced", {
-                "failed": failed, "replacement": replacement, "spares_left": spares}
+            kind = "allocation.node_replaced"
+            data = {"failed": failed, "replacement": replacement, "spares_left": spares}
         row.nodes_json = json.dumps(nodes)
         row.spares_json = json.dumps(spares)
         row.updated_at = time.time()

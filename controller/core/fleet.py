@@ -58,7 +58,11 @@ class Fleet:
             interval=reconcile_interval,
         )
         self.policies = PolicyRunner(
-            db, self.nodes, self.agents, bmc, PolicyEngine(rules or load_default_rules()),
+            db,
+            self.nodes,
+            self.agents,
+            bmc,
+            PolicyEngine(rules or load_default_rules()),
             self.allocations.node_failed,
         )
         self.sample_interval = sample_interval

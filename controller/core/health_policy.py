@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from sqlmodel import Session
@@ -123,8 +124,9 @@ class PolicyRunner:
             except KilnError as e:
                 log.info("node %s: agent silent and BMC thermal unreadable: %s", row.name, e)
                 continue
-            sample = HealthSample(node=row.name, rack=row.rack, at=now, source="bmc",
-                                  bmc_temps_c=tuple(temps))
+            sample = HealthSample(
+                node=row.name, rack=row.rack, at=now, source="bmc", bmc_temps_c=tuple(temps)
+            )
             await self._carry_out(self.engine.observe(sample))
 
     async def _carry_out(self, actions: list[Action]) -> None:
@@ -133,17 +135,30 @@ class PolicyRunner:
                 try:
                     await self._one(action)
                 except KilnError as e:
-                    log.warning("node %s: policy %s action %s failed: %s", action.node,
-                                action.rule, action.kind.value, e)
-                    await self._db.tx(lambda s, a=action, err=e: self._note(s, a, str(err)))
+                    log.warning(
+                        "node %s: policy %s action %s failed: %s",
+                        action.node,
+                        action.rule,
+                        action.kind.value,
+                        e,
+                    )
+                    failure = f"failed: {e}"
+                    await self._db.tx(partial(self._note, action=action, outcome=failure))
 
     def _note(self, session: Session, action: Action, outcome: str) -> str:
         row = session.get(NodeRow, action.node)
         allocation = row.allocation_id if row is not None else ""
         record(
-            session, "policy.action", node=action.node, allocation=allocation, rule=action.rule,
-            reason=action.reason, action=action.kind.value, dry_run=action.dry_run,
-            suppressed=action.suppressed, outcome=outcome,
+            session,
+            "policy.action",
+            node=action.node,
+            allocation=allocation,
+            rule=action.rule,
+            reason=action.reason,
+            action=action.kind.value,
+            dry_run=action.dry_run,
+            suppressed=action.suppressed,
+            outcome=outcome,
         )
         return allocation
 
@@ -153,8 +168,9 @@ class PolicyRunner:
             await self._db.tx(lambda s: self._note(s, action, why))
             return
         kind = action.kind
-        log.warning("node %s: policy %s → %s (%s)", action.node, action.rule, kind.value,
-                    action.reason)
+        log.warning(
+            "node %s: policy %s → %s (%s)", action.node, action.rule, kind.value, action.reason
+        )
         if kind == ActionKind.NOTIFY_JOB:
             await self._db.tx(lambda s: self._notify_job(s, action))
         elif kind == ActionKind.DRAIN:
@@ -174,8 +190,15 @@ class PolicyRunner:
     def _notify_job(self, session: Session, action: Action) -> None:
         allocation = self._note(session, action, "job notified")
         if allocation:
-            record(session, "allocation.notice", node=action.node, allocation=allocation,
-                   rule=action.rule, reason=action.reason, action=action.kind.value)
+            record(
+                session,
+                "allocation.notice",
+                node=action.node,
+                allocation=allocation,
+                rule=action.rule,
+                reason=action.reason,
+                action=action.kind.value,
+            )
 
     def _drain(self, session: Session, action: Action, target: NodeState) -> None:
         self._note(session, action, f"node to {target.value}")
@@ -184,9 +207,16 @@ class PolicyRunner:
         row.operation = target.value
         session.add(row)
         if row.state != NodeState.DRAINING and row.state not in (
-            NodeState.QUARANTINED, NodeState.POWERED_OFF, NodeState.MAINTENANCE
+            NodeState.QUARANTINED,
+            NodeState.POWERED_OFF,
+            NodeState.MAINTENANCE,
         ):
-            move(session, row, NodeState.DRAINING, f"{action.rule}: {action.reason}",
-                 rule=action.rule)
+            move(
+                session,
+                row,
+                NodeState.DRAINING,
+                f"{action.rule}: {action.reason}",
+                rule=action.rule,
+            )
         elif row.state != target and row.state != NodeState.DRAINING:
             move(session, row, target, f"{action.rule}: {action.reason}", rule=action.rule)

@@ -159,15 +159,21 @@ class Lifecycle:
         outcome = await self._agents.call(row.name, command, self._command_timeout)
         if not outcome.ok:
             reason = "; ".join(outcome.failures) or outcome.message or "preparation failed"
-            await self._quarantine(row.name, f"cannot reach profile {row.profile or 'defaults'}: "
-                                   f"{reason}")
+            await self._quarantine(
+                row.name, f"cannot reach profile {row.profile or 'defaults'}: {reason}"
+            )
             return False
 
         def write(session: Session) -> None:
             node = load_node(session, row.name)
             node.applied_profile = row.profile
-            move(session, node, S.READY,
-                 f"prepared to {row.profile or 'defaults'}", changed=list(outcome.changed))
+            move(
+                session,
+                node,
+                S.READY,
+                f"prepared to {row.profile or 'defaults'}",
+                changed=list(outcome.changed),
+            )
 
         await self._db.tx(write)
         return True

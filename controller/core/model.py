@@ -160,6 +160,6 @@ class CommandOutcome:
 
 
 def short_gpu_model(nvml_name: str) -> str:
-    """"NVIDIA H100 80GB HBM3" → "H100"; "NVIDIA GB200" → "GB200"."""
+    """ "NVIDIA H100 80GB HBM3" → "H100"; "NVIDIA GB200" → "GB200"."""
     words = nvml_name.replace("NVIDIA", "").split()
     return words[0].upper() if words else ""

