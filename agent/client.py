@@ -87,6 +87,9 @@ class Agent:
         self.metrics = metrics
         self._backoff = backoff
         self._sampler = HealthSampler(nvml)
+        # A simulated GPU can be reset (to activate a pending MIG mode); NVML
+        # itself has no reset call, so on real GPUs a pending mode is reported.
+        self._reset_gpu = getattr(nvml, "gpu_reset", None)
         self._profile: GpuProfile | None = None
         self._stopping = asyncio.Event()
         self.registered = asyncio.Event()
@@ -139,6 +142,8 @@ class Agent:
 
     async def _session(self) -> None:
         inventory = await asyncio.to_thread(read_inventory, self.nvml)
+        if self.metrics is not None:
+            self.metrics.update_inventory(inventory)
         outbox: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()
         await outbox.put(
             agent_pb2.AgentMessage(
@@ -231,7 +236,7 @@ class Agent:
                 "; ".join(drift),
                 profile.name,
             )
-            await asyncio.to_thread(apply_profile, self.nvml, profile)
+            await asyncio.to_thread(apply_profile, self.nvml, profile, reset_gpu=self._reset_gpu)
 
     async def _execute(
         self, command: agent_pb2.Command, outbox: asyncio.Queue[agent_pb2.AgentMessage | None]
@@ -241,7 +246,9 @@ class Agent:
             if kind == "apply_profile":
                 result = await self._apply(command.apply_profile.profile_yaml)
             elif kind == "reset_gpus":
-                result = await asyncio.to_thread(reset_to_defaults, self.nvml)
+                result = await asyncio.to_thread(
+                    reset_to_defaults, self.nvml, reset_gpu=self._reset_gpu
+                )
                 if result.ok:
                     self._profile = None
             elif kind == "inject_fault":
@@ -258,7 +265,9 @@ class Agent:
             profile = GpuProfile.from_yaml(profile_yaml)
         except ProfileError as e:
             return ApplyResult(ok=False, changed=[], failures=[f"bad profile: {e}"])
-        result = await asyncio.to_thread(apply_profile, self.nvml, profile)
+        result = await asyncio.to_thread(
+            apply_profile, self.nvml, profile, reset_gpu=self._reset_gpu
+        )
         if result.ok:
             self._profile = profile
         return result

@@ -1,0 +1,250 @@
+"""``kiln alloc``: create (optionally wait for), list, show and release allocations."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from kiln.v1 import fleet_pb2
+
+from controller.cli.client import CliError, Session, connect
+from controller.cli.output import (
+    MISSING,
+    emit,
+    emit_json,
+    fmt_list,
+    fmt_time,
+    render_fields,
+    render_table,
+    short_enum,
+)
+
+TOPOLOGIES: dict[str, int] = {
+    "nvlink": fleet_pb2.TOPOLOGY_LEVEL_NVLINK,
+    "leaf": fleet_pb2.TOPOLOGY_LEVEL_LEAF,
+    "spine": fleet_pb2.TOPOLOGY_LEVEL_SPINE,
+    "any": fleet_pb2.TOPOLOGY_LEVEL_ANY,
+}
+
+_FINAL = (fleet_pb2.ALLOCATION_STATE_READY, fleet_pb2.ALLOCATION_STATE_FAILED)
+_POLL_START_S = 0.2
+_POLL_MAX_S = 2.0
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kiln alloc …`` to the top-level subparsers."""
+    alloc = subparsers.add_parser("alloc", help="allocate, inspect and release nodes")
+    sub = alloc.add_subparsers(dest="alloc_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("create", help="ask for N nodes or K racks (all or nothing)")
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--nodes", type=_positive, metavar="N", help="N whole nodes")
+    size.add_argument("--racks", type=_positive, metavar="K", help="K whole NVLink racks")
+    p.add_argument("--gpu", default="", metavar="MODEL", help='GPU model, e.g. "H200"')
+    p.add_argument("--topology", choices=list(TOPOLOGIES), default="any")
+    p.add_argument("--preferred", action="store_true", help="topology is a preference only")
+    p.add_argument(
+        "--segment",
+        type=_count,
+        default=0,
+        metavar="M",
+        help="chunks of M nodes, each in one NVLink domain",
+    )
+    p.add_argument("--spares", type=_count, default=0, metavar="N", help="hot spares per domain")
+    p.add_argument("--exclusive", action="store_true")
+    p.add_argument("--queue", default="", metavar="Q")
+    p.add_argument("--priority", type=int, default=0, metavar="P")
+    p.add_argument("--profile", default="", metavar="NAME")
+    p.add_argument(
+        "--key", default="", help="idempotency key: the same key gives the same allocation"
+    )
+    p.add_argument("--wait", action="store_true", help="wait until ready or failed")
+    p.add_argument(
+        "--wait-timeout",
+        type=_seconds,
+        default=600.0,
+        metavar="S",
+        help="give up waiting after S seconds (default 600)",
+    )
+    p.set_defaults(func=cmd_create)
+
+    p = sub.add_parser("list", help="list allocations")
+    p.add_argument("--all", action="store_true", help="include released allocations")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="show an allocation, its state and why")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("release", help="give an allocation's nodes back")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_release)
+
+
+def build_spec(args: argparse.Namespace) -> Any:
+    """The AllocationSpec that ``alloc create``'s options describe."""
+    return fleet_pb2.AllocationSpec(
+        nodes=args.nodes or 0,
+        racks=args.racks or 0,
+        gpu_model=args.gpu,
+        topology=TOPOLOGIES[args.topology],
+        preferred=args.preferred,
+        segment=args.segment,
+        spares_per_domain=args.spares,
+        exclusive=args.exclusive,
+        queue=args.queue,
+        priority=args.priority,
+        profile=args.profile,
+    )
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    request = fleet_pb2.CreateAllocationRequest(key=args.key, spec=build_spec(args))
+    with connect(args) as session:
+        alloc = session.stub.CreateAllocation(request, timeout=session.timeout)
+        if args.wait:
+            alloc = wait_for(session, alloc, args.wait_timeout)
+        _emit_alloc(session, alloc)
+        if alloc.state == fleet_pb2.ALLOCATION_STATE_FAILED:
+            raise CliError(f"allocation {alloc.id} failed: {alloc.reason or 'no reason given'}")
+    return 0
+
+
+def wait_for(session: Session, alloc: Any, limit_s: float) -> Any:
+    """Poll GetAllocation until ``alloc`` is READY or FAILED.
+
+    :raises CliError: still not there after ``limit_s`` seconds; the message
+        carries the last state and its reason.
+    """
+    deadline = time.monotonic() + limit_s
+    delay = _POLL_START_S
+    while alloc.state not in _FINAL:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            reason = f" ({alloc.reason})" if alloc.reason else ""
+            raise CliError(
+                f"allocation {alloc.id} not ready after {limit_s:g}s: "
+                f"still {short_enum(alloc, 'state')}{reason}"
+            )
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, _POLL_MAX_S)
+        request = fleet_pb2.GetAllocationRequest(id=alloc.id)
+        alloc = session.stub.GetAllocation(request, timeout=session.timeout)
+    return alloc
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    request = fleet_pb2.ListAllocationsRequest(include_released=args.all)
+    with connect(args) as session:
+        response = session.stub.ListAllocations(request, timeout=session.timeout)
+        if session.json:
+            emit_json(response)
+        else:
+            emit(allocations_table(response.allocations))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with connect(args) as session:
+        alloc = session.stub.GetAllocation(
+            fleet_pb2.GetAllocationRequest(id=args.id), timeout=session.timeout
+        )
+        _emit_alloc(session, alloc)
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    with connect(args) as session:
+        alloc = session.stub.ReleaseAllocation(
+            fleet_pb2.ReleaseAllocationRequest(id=args.id), timeout=session.timeout
+        )
+        if session.json:
+            emit_json(alloc)
+        else:
+            emit(f"allocation {alloc.id}: {short_enum(alloc, 'state')}")
+    return 0
+
+
+def _emit_alloc(session: Session, alloc: Any) -> None:
+    if session.json:
+        emit_json(alloc)
+    else:
+        emit(allocation_detail(alloc))
+
+
+def spec_summary(spec: Any) -> str:
+    """``4 nodes H200 nvlink`` / ``2 racks any (preferred)``."""
+    size = f"{spec.racks} racks" if spec.racks else f"{spec.nodes} nodes"
+    parts = [size]
+    if spec.gpu_model:
+        parts.append(spec.gpu_model)
+    topology = short_enum(spec, "topology")
+    parts.append("any" if topology == MISSING else topology)
+    if spec.preferred:
+        parts.append("(preferred)")
+    return " ".join(parts)
+
+
+def allocations_table(allocs: Any) -> str:
+    """The ``kiln alloc list`` table."""
+    headers = ("id", "state", "request", "queue", "prio", "nodes", "created", "reason")
+    rows = [
+        (
+            a.id,
+            short_enum(a, "state"),
+            spec_summary(a.spec),
+            a.spec.queue,
+            a.spec.priority,
+            len(a.nodes) or MISSING,
+            fmt_time(a.created_at),
+            a.reason,
+        )
+        for a in allocs
+    ]
+    return render_table(headers, rows)
+
+
+def allocation_detail(alloc: Any) -> str:
+    """The ``kiln alloc show`` text: state and reason first, then the request."""
+    spec = alloc.spec
+    fields: list[tuple[str, Any]] = [
+        ("id", alloc.id),
+        ("state", short_enum(alloc, "state")),
+        ("reason", alloc.reason),
+        ("key", alloc.key),
+        ("request", spec_summary(spec)),
+        ("segment", spec.segment or MISSING),
+        ("spares/domain", spec.spares_per_domain or MISSING),
+        ("exclusive", spec.exclusive),
+        ("queue", spec.queue),
+        ("priority", spec.priority),
+        ("profile", spec.profile),
+        ("nodes", fmt_list(alloc.nodes, sep=" ")),
+        ("spares", fmt_list(alloc.spares, sep=" ")),
+        ("domains", fmt_list(alloc.domains, sep=" ")),
+        ("created", fmt_time(alloc.created_at)),
+        ("updated", fmt_time(alloc.updated_at)),
+    ]
+    return render_fields(fields)

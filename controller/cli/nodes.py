@@ -1,0 +1,307 @@
+"""``kiln nodes``: list, show, enroll, drain and undrain nodes.
+
+Power lives in ``controller.cli.power``; ``register`` wires both under
+``kiln nodes``. Each handler takes the parsed arguments and returns an exit
+code; gRPC errors propagate to ``main``, which prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from kiln.v1 import fleet_pb2, types_pb2
+
+from controller.cli import power
+from controller.cli.client import CliError, connect
+from controller.cli.output import (
+    MISSING,
+    emit,
+    emit_json,
+    fmt_list,
+    fmt_opt,
+    fmt_time,
+    render_fields,
+    render_table,
+    short_enum,
+    short_enum_name,
+)
+
+NODE_STATES: dict[str, int] = {
+    short_enum_name(value.name, "NodeState"): value.number
+    for value in types_pb2.NodeState.DESCRIPTOR.values
+    if value.number != 0
+}
+"""``--state`` choices: ``ready`` → ``NODE_STATE_READY`` and so on."""
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kiln nodes …`` to the top-level subparsers."""
+    nodes = subparsers.add_parser("nodes", help="list, inspect, enroll and power nodes")
+    sub = nodes.add_subparsers(dest="nodes_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("list", help="list nodes")
+    p.add_argument("--rack", default="", help="only nodes in this rack")
+    p.add_argument("--state", type=_node_state, help="only nodes in this state, e.g. ready")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="show one node, its GPUs and their latest health")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("enroll", help="enroll a node by its BMC")
+    p.add_argument("name")
+    p.add_argument(
+        "--bmc", required=True, metavar="URL", help="redfish://, redfish+http://, ipmi://"
+    )
+    p.add_argument("--username", required=True)
+    p.add_argument(
+        "--password-file",
+        required=True,
+        metavar="FILE",
+        help="file holding the BMC password ('-': standard input); never printed",
+    )
+    p.add_argument("--rack", default="")
+    p.add_argument("--leaf", default="")
+    p.add_argument("--spine", default="")
+    p.add_argument("--insecure", action="store_true", help="skip TLS verification of the BMC")
+    p.add_argument("--ca-bundle", default="", metavar="FILE", help="CA bundle for the BMC's TLS")
+    p.add_argument("--profile", default="", help="node profile to prepare to")
+    p.set_defaults(func=cmd_enroll)
+
+    p = sub.add_parser("drain", help="stop placing work on a node")
+    p.add_argument("name")
+    p.add_argument("--reason", default="", metavar="TEXT")
+    p.set_defaults(func=cmd_drain)
+
+    p = sub.add_parser("undrain", help="let a drained node take work again")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_undrain)
+
+    power.register(sub)
+
+
+def _node_state(text: str) -> int:
+    key = text.strip().lower().replace("-", "_")
+    if key not in NODE_STATES:
+        choices = ", ".join(NODE_STATES)
+        raise argparse.ArgumentTypeError(f"unknown state {text!r} (choose from {choices})")
+    return NODE_STATES[key]
+
+
+def read_password(path: str) -> str:
+    """The password in ``path`` (``-``: stdin) with trailing newlines stripped.
+
+    :raises CliError: the file cannot be read or holds no password. The
+        message names the file, never its content.
+    """
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+    except FileNotFoundError:
+        raise CliError(f"password file {path!r} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise CliError(f"cannot read password file {path!r}: {reason}") from None
+    password = text.rstrip("\r\n")
+    if not password:
+        source = "standard input" if path == "-" else f"password file {path!r}"
+        raise CliError(f"{source} holds no password")
+    return password
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    request = fleet_pb2.ListNodesRequest(rack=args.rack, state=args.state or 0)
+    with connect(args) as session:
+        response = session.stub.ListNodes(request, timeout=session.timeout)
+        if session.json:
+            emit_json(response)
+        else:
+            emit(nodes_table(response.nodes))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with connect(args) as session:
+        node = session.stub.GetNode(
+            fleet_pb2.GetNodeRequest(name=args.name), timeout=session.timeout
+        )
+        if session.json:
+            emit_json(node)
+        else:
+            emit(node_detail(node))
+    return 0
+
+
+def cmd_enroll(args: argparse.Namespace) -> int:
+    request = fleet_pb2.EnrollNodeRequest(
+        name=args.name,
+        bmc_url=args.bmc,
+        username=args.username,
+        password=read_password(args.password_file),
+        rack=args.rack,
+        leaf=args.leaf,
+        spine=args.spine,
+        insecure=args.insecure,
+        ca_bundle=args.ca_bundle,
+        profile=args.profile,
+    )
+    with connect(args) as session:
+        node = session.stub.EnrollNode(request, timeout=session.timeout)
+        _emit_node_line(session.json, node, "enrolled")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    request = fleet_pb2.DrainNodeRequest(name=args.name, reason=args.reason)
+    with connect(args) as session:
+        node = session.stub.DrainNode(request, timeout=session.timeout)
+        _emit_node_line(session.json, node, "drained")
+    return 0
+
+
+def cmd_undrain(args: argparse.Namespace) -> int:
+    with connect(args) as session:
+        node = session.stub.UndrainNode(
+            fleet_pb2.UndrainNodeRequest(name=args.name), timeout=session.timeout
+        )
+        _emit_node_line(session.json, node, "undrained")
+    return 0
+
+
+def _emit_node_line(as_json: bool, node: Any, verb: str) -> None:
+    if as_json:
+        emit_json(node)
+        return
+    reason = f" ({node.state_reason})" if node.state_reason else ""
+    emit(f"node {node.name} {verb}: state {short_enum(node, 'state')}{reason}")
+
+
+def gpu_summary(node: Any) -> str:
+    """``4x GB200`` style, or ``-`` when the node has not reported GPUs."""
+    if not node.gpu_count:
+        return MISSING
+    return f"{node.gpu_count}x {node.gpu_model}" if node.gpu_model else str(node.gpu_count)
+
+
+def nodes_table(nodes: Any) -> str:
+    """The ``kiln nodes list`` table."""
+    rows = [
+        (
+            n.name,
+            n.rack,
+            short_enum(n, "state"),
+            short_enum(n, "power"),
+            n.bmc_health,
+            "up" if n.agent_connected else "down",
+            gpu_summary(n),
+            n.allocation,
+            n.state_reason,
+        )
+        for n in nodes
+    ]
+    headers = ("name", "rack", "state", "power", "bmc", "agent", "gpus", "alloc", "reason")
+    return render_table(headers, rows)
+
+
+def node_detail(node: Any) -> str:
+    """The ``kiln nodes show`` text: fields, the GPU table and the health table."""
+    fields: list[tuple[str, Any]] = [
+        ("name", node.name),
+        ("state", short_enum(node, "state")),
+        ("reason", node.state_reason),
+        ("schedulable", node.schedulable),
+        ("power", short_enum(node, "power")),
+        ("rack", node.rack),
+        ("leaf", node.leaf),
+        ("spine", node.spine),
+        ("nvlink domain", node.nvlink_domain),
+        ("bmc", node.bmc_url),
+        ("bmc user", node.bmc_username),
+        ("bmc health", node.bmc_health),
+        ("agent", "connected" if node.agent_connected else "disconnected"),
+        ("agent last seen", fmt_time(node.agent_last_seen)),
+        ("gpus", gpu_summary(node)),
+        ("profile", node.profile),
+        ("allocation", node.allocation),
+        ("updated", fmt_time(node.updated_at)),
+    ]
+    parts = [render_fields(fields)]
+    if node.gpus:
+        parts.append("GPUs:\n" + gpus_table(node.gpus))
+    if node.HasField("health") and node.health.gpus:
+        health = node.health
+        title = f"Health ({health.source or 'unknown source'}, {fmt_time(health.sampled_at)}):"
+        parts.append(title + "\n" + health_table(health.gpus))
+        errors = [f"  gpu {g.index}: {e}" for g in health.gpus for e in g.errors]
+        if errors:
+            parts.append("Readings that failed:\n" + "\n".join(errors))
+    if node.HasField("health") and node.health.bmc_temps_c:
+        temps = fmt_list((f"{t:.0f}C" for t in node.health.bmc_temps_c), sep=" ")
+        parts.append(f"BMC temperatures: {temps}")
+    return "\n\n".join(parts)
+
+
+def gpus_table(gpus: Any) -> str:
+    rows = [
+        (
+            g.index,
+            g.model,
+            g.uuid,
+            g.serial,
+            g.pci_bus_id,
+            f"{g.memory_mib} MiB" if g.memory_mib else MISSING,
+            g.clique,
+        )
+        for g in gpus
+    ]
+    return render_table(("gpu", "model", "uuid", "serial", "pci", "memory", "clique"), rows)
+
+
+def health_table(gpus: Any) -> str:
+    """One row per GPU health sample; absent readings show as ``-``."""
+    headers = (
+        "gpu",
+        "temp",
+        "slowdown",
+        "shutdown",
+        "power",
+        "limit",
+        "sm",
+        "mem",
+        "ecc sbe/dbe vol",
+        "ecc sbe/dbe agg",
+        "remap c/u",
+        "remap pend/fail",
+        "xids",
+        "nvlink down",
+        "fabric",
+    )
+    return render_table(headers, [_health_row(g) for g in gpus])
+
+
+def _health_row(g: Any) -> tuple[Any, ...]:
+    remap = f"{fmt_opt(g, 'remap_correctable')}/{fmt_opt(g, 'remap_uncorrectable')}"
+    remap_flags = f"{fmt_opt(g, 'remap_pending')}/{fmt_opt(g, 'remap_failure')}"
+    fabric = "healthy" if g.fabric_healthy else f"state {g.fabric_state}"
+    return (
+        f"{g.index} (lost)" if g.lost else g.index,
+        fmt_opt(g, "temp_c", "C"),
+        fmt_opt(g, "slowdown_c", "C"),
+        fmt_opt(g, "shutdown_c", "C"),
+        fmt_opt(g, "power_w", "W"),
+        fmt_opt(g, "power_limit_w", "W"),
+        fmt_opt(g, "sm_clock_mhz", "MHz"),
+        fmt_opt(g, "mem_clock_mhz", "MHz"),
+        f"{g.ecc_sbe_volatile}/{g.ecc_dbe_volatile}",
+        f"{g.ecc_sbe_aggregate}/{g.ecc_dbe_aggregate}",
+        remap,
+        remap_flags,
+        fmt_list(g.xids),
+        fmt_list(g.nvlink_down),
+        fabric,
+    )
