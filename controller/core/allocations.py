@@ -53,6 +53,8 @@ from controller.store.models import AllocationRow, NodeRow
 log = logging.getLogger(__name__)
 
 ACTIVE = ("preparing", "ready")
+# A node's ``operation`` while it is prepared to an allocation's profile.
+FOR_ALLOCATION = "profile:"
 LEVELS = {level.value for level in Level}
 
 
@@ -81,6 +83,42 @@ def node_spec(row: NodeRow, schedulable: bool) -> NodeSpec:
         leaf=row.leaf or rack,
         spine=row.spine or "spine-0",
         schedulable=schedulable,
+    )
+
+
+def book(session: Session, node: NodeRow, ident: str, profile: str, why: str) -> bool:
+    """Give ``node`` to allocation ``ident``; True when it must be prepared first."""
+    node.allocation_id = ident
+    if profile and node.applied_profile != profile:
+        node.operation = FOR_ALLOCATION + profile
+        move(session, node, NodeState.PREPARING, f"{why}; preparing to profile {profile}")
+        return True
+    move(session, node, NodeState.ALLOCATED, why)
+    return False
+
+
+def mark_ready_if_prepared(session: Session, ident: str) -> None:
+    """Hand the allocation over once every one of its nodes is prepared."""
+    row = session.get(AllocationRow, ident)
+    if row is None or row.state != "preparing":
+        return
+    members = json.loads(row.nodes_json) + json.loads(row.spares_json)
+    for name in members:
+        node = session.get(NodeRow, name)
+        if node is None or node.state != NodeState.ALLOCATED or node.allocation_id != ident:
+            return
+    row.state = "ready"
+    row.reason = f"{len(json.loads(row.nodes_json))} nodes prepared and handed over"
+    row.updated_at = time.time()
+    session.add(row)
+    record(
+        session,
+        "allocation.ready",
+        allocation=ident,
+        reason=row.reason,
+        nodes=json.loads(row.nodes_json),
+        spares=json.loads(row.spares_json),
+        domains=json.loads(row.domains_json),
     )
 
 
@@ -249,6 +287,8 @@ class Allocations:
                 return
             for node in session.exec(select(NodeRow).where(NodeRow.allocation_id == row.id)):
                 node.allocation_id = ""
+                if node.operation.startswith(FOR_ALLOCATION):
+                    node.operation = ""  # still preparing: go to the node's own baseline
                 session.add(node)
                 if node.state == NodeState.ALLOCATED:
                     move(session, node, NodeState.RELEASING, f"released by {row.id}")
@@ -318,34 +358,43 @@ class Allocations:
                 for m in members
             ):
                 continue  # inventory moved under us; the next pass decides again
+            spec = AllocationSpec.from_dict(json.loads(row.spec_json))
+            preparing = False
             for m in members:
                 assert m is not None
-                m.allocation_id = ident
-                spare = m.name in placement.spares
-                move(
-                    session,
-                    m,
-                    NodeState.ALLOCATED,
-                    f"{'hot spare for' if spare else 'allocated to'} {ident}",
-                )
-            row.state = "ready"
-            row.reason = (
-                f"{len(placement.nodes)} nodes in {len(placement.domains)} NVLink domain(s)"
-            )
+                why = f"{'hot spare for' if m.name in placement.spares else 'allocated to'} {ident}"
+                preparing |= book(session, m, ident, spec.profile, why)
             row.nodes_json = json.dumps(list(placement.nodes))
             row.spares_json = json.dumps(list(placement.spares))
             row.domains_json = json.dumps(list(placement.domains))
             row.updated_at = now
+            where = f"{len(placement.nodes)} nodes in {len(placement.domains)} NVLink domain(s)"
+            if preparing:
+                row.state = "preparing"
+                row.reason = f"{where}; preparing to profile {spec.profile}"
+                record(
+                    session,
+                    "allocation.preparing",
+                    allocation=ident,
+                    reason=row.reason,
+                    nodes=list(placement.nodes),
+                    spares=list(placement.spares),
+                    domains=list(placement.domains),
+                    profile=spec.profile,
+                )
+            else:
+                row.state = "ready"
+                row.reason = where
+                record(
+                    session,
+                    "allocation.ready",
+                    allocation=ident,
+                    reason=row.reason,
+                    nodes=list(placement.nodes),
+                    spares=list(placement.spares),
+                    domains=list(placement.domains),
+                )
             session.add(row)
-            record(
-                session,
-                "allocation.ready",
-                allocation=ident,
-                reason=row.reason,
-                nodes=list(placement.nodes),
-                spares=list(placement.spares),
-                domains=list(placement.domains),
-            )
             log.info("allocation %s: ready on %s", ident, ",".join(placement.nodes))
         for ident, reason in waiting.items():
             row = session.get(AllocationRow, ident)
@@ -424,8 +473,8 @@ class Allocations:
                 fresh = session.get(NodeRow, name)
                 if fresh is None or fresh.allocation_id or fresh.state != NodeState.READY:
                     raise FailedPrecondition(f"replacement {name} is no longer free")
-                fresh.allocation_id = ident
-                move(session, fresh, NodeState.ALLOCATED, f"replacement in {ident}")
+                spec = AllocationSpec.from_dict(json.loads(row.spec_json))
+                book(session, fresh, ident, spec.profile, f"replacement in {ident}")
             replacement = [n for n in nodes if n not in before.nodes]
             row.reason = f"{failed} failed ({reason}); replaced by {', '.join(replacement) or '-'}"
             kind = "allocation.node_replaced"

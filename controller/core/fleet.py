@@ -55,6 +55,7 @@ class Fleet:
             bmc,
             self.profiles,
             self.allocations.schedule_pass,
+            self.allocations.node_failed,
             interval=reconcile_interval,
         )
         self.policies = PolicyRunner(

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from sqlmodel import Session
 
 from controller.core.agents import AgentHub
+from controller.core.allocations import FOR_ALLOCATION, mark_ready_if_prepared
 from controller.core.errors import KilnError
 from controller.core.model import AgentCommand
 from controller.core.nodes import Nodes, bmc_target
@@ -49,6 +50,7 @@ class Lifecycle:
         bmc: BmcGateway,
         profiles: ProfileCatalog,
         on_capacity: Callable[[], Awaitable[None]],
+        on_node_failed: Callable[[str, str], Awaitable[None]],
         *,
         interval: float = 1.0,
         command_timeout: float = 120.0,
@@ -60,6 +62,7 @@ class Lifecycle:
         self._bmc = bmc
         self._profiles = profiles
         self._on_capacity = on_capacity
+        self._on_node_failed = on_node_failed
         self._interval = interval
         self._command_timeout = command_timeout
         self._gate = asyncio.Semaphore(max_parallel)
@@ -152,39 +155,71 @@ class Lifecycle:
         if not self._agents.is_connected(row.name):
             await self._note(row.name, "waiting for the node's agent to prepare the GPUs")
             return False
-        if row.profile:
-            command = AgentCommand("apply_profile", self._profiles.gpu_yaml(row.profile))
+        # An allocation that names a profile asks for it through the node's
+        # operation; otherwise the node goes to its own baseline profile.
+        profile = (
+            row.operation.removeprefix(FOR_ALLOCATION)
+            if row.operation.startswith(FOR_ALLOCATION)
+            else row.profile
+        )
+        if profile:
+            command = AgentCommand("apply_profile", self._profiles.gpu_yaml(profile))
         else:
             command = AgentCommand("reset_gpus")
         outcome = await self._agents.call(row.name, command, self._command_timeout)
         if not outcome.ok:
             reason = "; ".join(outcome.failures) or outcome.message or "preparation failed"
             await self._quarantine(
-                row.name, f"cannot reach profile {row.profile or 'defaults'}: {reason}"
+                row.name, f"cannot reach profile {profile or 'defaults'}: {reason}"
             )
+            if row.allocation_id:
+                await self._on_node_failed(row.name, f"preparation failed: {reason}")
             return False
 
-        def write(session: Session) -> None:
+        def write(session: Session) -> bool:
             node = load_node(session, row.name)
-            node.applied_profile = row.profile
-            move(
-                session,
-                node,
-                S.READY,
-                f"prepared to {row.profile or 'defaults'}",
-                changed=list(outcome.changed),
-            )
+            node.applied_profile = profile
+            if node.operation.startswith(FOR_ALLOCATION):
+                node.operation = ""
+            session.add(node)
+            reason = f"prepared to {profile or 'defaults'}"
+            if node.allocation_id:
+                move(
+                    session,
+                    node,
+                    S.ALLOCATED,
+                    f"{reason} for {node.allocation_id}",
+                    changed=list(outcome.changed),
+                )
+                mark_ready_if_prepared(session, node.allocation_id)
+                return False
+            move(session, node, S.READY, reason, changed=list(outcome.changed))
+            return True
 
-        await self._db.tx(write)
-        return True
+        return await self._db.tx(write)
 
     async def _release(self, row: NodeRow) -> bool:
         ok = await self._gpu_command(row.name, AgentCommand("reset_gpus"), best_effort=True)
         if not ok:
             await self._move(row.name, S.PREPARING, "GPU state unknown after release")
             return False
-        await self._move(row.name, S.READY, "GPUs reset to defaults after release")
-        return True
+
+        def write(session: Session) -> bool:
+            node = load_node(session, row.name)
+            node.applied_profile = ""
+            session.add(node)
+            if node.profile:  # back to the node's own baseline before the next job
+                move(
+                    session,
+                    node,
+                    S.PREPARING,
+                    f"GPUs reset after release; preparing to baseline {node.profile}",
+                )
+                return False
+            move(session, node, S.READY, "GPUs reset to defaults after release")
+            return True
+
+        return await self._db.tx(write)
 
     async def _gpu_command(self, node: str, command: AgentCommand, *, best_effort: bool) -> bool:
         if not self._agents.is_connected(node):
