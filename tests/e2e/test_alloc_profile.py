@@ -1,0 +1,125 @@
+"""An allocation that names a profile gets its nodes prepared before hand-off,
+and its release resets the GPUs to defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pynvml
+import pytest
+import yaml
+
+from controller.core.profiles import ProfileCatalog, parse_profile
+from controller.server import ControllerConfig, ControllerServer
+from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
+
+PROFILE = """
+version: v1
+name: h200-train
+gpu:
+  persistence_mode: true
+  power_limit_w: 600
+  locked_clocks: {sm_mhz: [1500, 1980], mem_mhz: null}
+  mig:
+    - devices: all
+      mig-enabled: false
+"""
+
+
+@pytest.fixture
+async def env(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[fleet_pb2_grpc.FleetServiceStub, SimFleet]]:
+    profiles = ProfileCatalog()
+    profiles.add(parse_profile(yaml.safe_load(PROFILE), "test"))
+    server = ControllerServer(
+        ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path, reconcile_interval=0.2,
+                         sample_interval=0.5, profiles=profiles)
+    )
+    address = await server.start()
+    fleet = SimFleet(default_fleet(nvl72_racks=0, hgx_nodes=2), watch_interval=0.3)
+    await fleet.start(address)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            for spec in fleet.specs:
+                await stub.EnrollNode(fleet_pb2.EnrollNodeRequest(
+                    name=spec.name, bmc_url=fleet.bmc_url(spec.name), username=SIM_USERNAME,
+                    password=SIM_PASSWORD, rack=spec.rack))
+            yield stub, fleet
+    finally:
+        await fleet.stop()
+        await server.stop()
+
+
+async def until(stub: fleet_pb2_grpc.FleetServiceStub, ident: str, state: int
+                ) -> fleet_pb2.Allocation:
+    deadline = time.monotonic() + 30
+    while True:
+        alloc = await stub.GetAllocation(fleet_pb2.GetAllocationRequest(id=ident))
+        if alloc.state == state:
+            return alloc
+        assert time.monotonic() < deadline, f"{alloc.state}: {alloc.reason}"
+        await asyncio.sleep(0.2)
+
+
+async def all_ready(stub: fleet_pb2_grpc.FleetServiceStub) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        nodes = (await stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes
+        if nodes and all(n.state == types_pb2.NODE_STATE_READY and n.schedulable
+                         for n in nodes):
+            return
+        assert time.monotonic() < deadline, [(n.name, n.state, n.state_reason) for n in nodes]
+        await asyncio.sleep(0.2)
+
+
+def power_limit_w(nvml: object, index: int) -> float:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
+    return float(nvml.nvmlDeviceGetPowerManagementLimit(handle)) / 1000  # type: ignore[attr-defined]
+
+
+def persistence(nvml: object, index: int) -> int:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
+    return int(nvml.nvmlDeviceGetPersistenceMode(handle))  # type: ignore[attr-defined]
+
+
+async def test_profile_is_applied_before_hand_off_and_reset_after_release(
+    env: tuple[fleet_pb2_grpc.FleetServiceStub, SimFleet],
+) -> None:
+    stub, fleet = env
+    await all_ready(stub)
+    nvml = fleet.nodes["h200-n01"].nvml
+    assert power_limit_w(nvml, 0) == 700 and persistence(nvml, 0) == pynvml.NVML_FEATURE_DISABLED
+
+    alloc = await stub.CreateAllocation(fleet_pb2.CreateAllocationRequest(
+        key="train", spec=fleet_pb2.AllocationSpec(nodes=2, gpu_model="H200",
+                                                   profile="h200-train")))
+    assert alloc.state in (fleet_pb2.ALLOCATION_STATE_PREPARING,
+                           fleet_pb2.ALLOCATION_STATE_READY)
+    ready = await until(stub, alloc.id, fleet_pb2.ALLOCATION_STATE_READY)
+    assert sorted(ready.nodes) == ["h200-n01", "h200-n02"]
+    for name in ready.nodes:
+        gpus = fleet.nodes[name].nvml
+        assert all(power_limit_w(gpus, i) == 600 for i in range(8))
+        assert all(persistence(gpus, i) == pynvml.NVML_FEATURE_ENABLED for i in range(8))
+    events = stub.WatchEvents(fleet_pb2.WatchEventsRequest(allocation=alloc.id))
+    kinds = [e.kind async for e in events]
+    assert kinds.index("allocation.preparing") < kinds.index("allocation.ready")
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.CreateAllocation(fleet_pb2.CreateAllocationRequest(
+            spec=fleet_pb2.AllocationSpec(nodes=1, profile="no-such-profile")))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+    await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))
+    await all_ready(stub)
+    for name in ready.nodes:
+        gpus = fleet.nodes[name].nvml
+        assert all(power_limit_w(gpus, i) == 700 for i in range(8)), "default power limit"
+        assert all(persistence(gpus, i) == pynvml.NVML_FEATURE_DISABLED for i in range(8))
