@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from controller.core.errors import KilnError
+from controller.core.queues import load_queues
 from controller.server import ControllerConfig, ControllerServer
 
 
@@ -38,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="health policy rules (YAML; default: the built-in rules)",
     )
+    p.add_argument(
+        "--queues",
+        type=Path,
+        default=None,
+        help="queue quotas (YAML, see docs/placement.md); default: one unlimited queue",
+    )
     p.add_argument("--mqtt", default=None, help="HOST:PORT of the MQTT broker for events")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -63,7 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        queues = load_queues(args.queues) if args.queues else []
+    except KilnError as e:
+        print(f"kiln-controller: error: {e}", file=sys.stderr)
+        return 2
     config = ControllerConfig(
+        queues=queues,
         listen=args.listen,
         db_url=args.db,
         state_dir=args.state_dir,

@@ -1,9 +1,17 @@
-"""Fixtures shared by every test package."""
+"""Fixtures shared by every test package.
+
+Some tests run a controller on a background thread. CPython 3.11 can fail
+with "AST constructor recursion depth mismatch" when two threads compile
+code at once (gh-106905), and hypothesis imports (and pytest rewrites) some
+modules lazily when its first test runs; importing them here, before any
+thread starts, keeps the main thread from compiling while a controller runs.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import hypothesis.internal.conjecture.providers  # noqa: F401
 import pytest
 from peers import ControllerThread, postgres_server
 

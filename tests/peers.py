@@ -134,6 +134,17 @@ class ControllerThread:
 
     def stop(self) -> None:
         self.call(self.server.stop())
+        self.call(_cancel_the_rest())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel whatever still runs on this loop (agents, streams) before it closes."""
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()

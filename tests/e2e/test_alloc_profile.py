@@ -38,8 +38,13 @@ async def env(
     profiles = ProfileCatalog()
     profiles.add(parse_profile(yaml.safe_load(PROFILE), "test"))
     server = ControllerServer(
-        ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path, reconcile_interval=0.2,
-                         sample_interval=0.5, profiles=profiles)
+        ControllerConfig(
+            listen="127.0.0.1:0",
+            state_dir=tmp_path,
+            reconcile_interval=0.2,
+            sample_interval=0.5,
+            profiles=profiles,
+        )
     )
     address = await server.start()
     fleet = SimFleet(default_fleet(nvl72_racks=0, hgx_nodes=2), watch_interval=0.3)
@@ -48,17 +53,24 @@ async def env(
         async with grpc.aio.insecure_channel(address) as channel:
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             for spec in fleet.specs:
-                await stub.EnrollNode(fleet_pb2.EnrollNodeRequest(
-                    name=spec.name, bmc_url=fleet.bmc_url(spec.name), username=SIM_USERNAME,
-                    password=SIM_PASSWORD, rack=spec.rack))
+                await stub.EnrollNode(
+                    fleet_pb2.EnrollNodeRequest(
+                        name=spec.name,
+                        bmc_url=fleet.bmc_url(spec.name),
+                        username=SIM_USERNAME,
+                        password=SIM_PASSWORD,
+                        rack=spec.rack,
+                    )
+                )
             yield stub, fleet
     finally:
         await fleet.stop()
         await server.stop()
 
 
-async def until(stub: fleet_pb2_grpc.FleetServiceStub, ident: str, state: int
-                ) -> fleet_pb2.Allocation:
+async def until(
+    stub: fleet_pb2_grpc.FleetServiceStub, ident: str, state: int
+) -> fleet_pb2.Allocation:
     deadline = time.monotonic() + 30
     while True:
         alloc = await stub.GetAllocation(fleet_pb2.GetAllocationRequest(id=ident))
@@ -72,8 +84,7 @@ async def all_ready(stub: fleet_pb2_grpc.FleetServiceStub) -> None:
     deadline = time.monotonic() + 30
     while True:
         nodes = (await stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes
-        if nodes and all(n.state == types_pb2.NODE_STATE_READY and n.schedulable
-                         for n in nodes):
+        if nodes and all(n.state == types_pb2.NODE_STATE_READY and n.schedulable for n in nodes):
             return
         assert time.monotonic() < deadline, [(n.name, n.state, n.state_reason) for n in nodes]
         await asyncio.sleep(0.2)
@@ -97,11 +108,13 @@ async def test_profile_is_applied_before_hand_off_and_reset_after_release(
     nvml = fleet.nodes["h200-n01"].nvml
     assert power_limit_w(nvml, 0) == 700 and persistence(nvml, 0) == pynvml.NVML_FEATURE_DISABLED
 
-    alloc = await stub.CreateAllocation(fleet_pb2.CreateAllocationRequest(
-        key="train", spec=fleet_pb2.AllocationSpec(nodes=2, gpu_model="H200",
-                                                   profile="h200-train")))
-    assert alloc.state in (fleet_pb2.ALLOCATION_STATE_PREPARING,
-                           fleet_pb2.ALLOCATION_STATE_READY)
+    alloc = await stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(
+            key="train",
+            spec=fleet_pb2.AllocationSpec(nodes=2, gpu_model="H200", profile="h200-train"),
+        )
+    )
+    assert alloc.state in (fleet_pb2.ALLOCATION_STATE_PREPARING, fleet_pb2.ALLOCATION_STATE_READY)
     ready = await until(stub, alloc.id, fleet_pb2.ALLOCATION_STATE_READY)
     assert sorted(ready.nodes) == ["h200-n01", "h200-n02"]
     for name in ready.nodes:
@@ -113,8 +126,11 @@ async def test_profile_is_applied_before_hand_off_and_reset_after_release(
     assert kinds.index("allocation.preparing") < kinds.index("allocation.ready")
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.CreateAllocation(fleet_pb2.CreateAllocationRequest(
-            spec=fleet_pb2.AllocationSpec(nodes=1, profile="no-such-profile")))
+        await stub.CreateAllocation(
+            fleet_pb2.CreateAllocationRequest(
+                spec=fleet_pb2.AllocationSpec(nodes=1, profile="no-such-profile")
+            )
+        )
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
     await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))
