@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from importlib import resources
 from typing import Any
 
 import grpc
-from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
+from controller.policies import RuleSet, load_rules
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 Say = Callable[[str], None]
 
@@ -43,6 +46,9 @@ def register(subparsers: Any) -> None:
         help="let power changes land 1-11 s late, as the emulator does by default",
     )
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    p.add_argument(
+        "--no-thermal", action="store_true", help="skip the thermal power-down scenario at the end"
+    )
     p.set_defaults(func=run_demo)
 
 
@@ -66,7 +72,9 @@ def short(enum_name: str, prefix: str) -> str:
 async def demo(args: argparse.Namespace, say: Say) -> int:
     started = time.monotonic()
     controller = ControllerServer(
-        ControllerConfig(listen=args.listen, reconcile_interval=0.5, sample_interval=2.0)
+        ControllerConfig(
+            listen=args.listen, reconcile_interval=0.5, sample_interval=1.0, rules=demo_rules()
+        )
     )
     address = await controller.start()
     say(f"controller  listening on {address} (SQLite in a temporary directory)")
@@ -87,6 +95,8 @@ async def demo(args: argparse.Namespace, say: Say) -> int:
             ok = await allocate_and_release(stub, say)
             if ok:
                 ok = await wait_ready(stub, len(fleet.specs), args.timeout, say)
+            if ok and not args.no_thermal and args.racks > 0:
+                ok = await thermal_scenario(stub, fleet, say)
     finally:
         say("shutdown    stopping agents, BMC emulator and controller")
         await fleet.stop()
@@ -184,6 +194,84 @@ async def allocate_and_release(stub: fleet_pb2_grpc.FleetServiceStub, say: Say) 
         state = short(fleet_pb2.AllocationState.Name(released.state), "ALLOCATION_STATE_")
         say(f"release     {alloc.id} → {state}; its nodes reset their GPUs and return to ready")
     return ok
+
+
+def demo_rules() -> RuleSet:
+    """The default health rules with the thermal durations cut from minutes to
+    seconds, so the power-down scenario fits in a demo."""
+    text = resources.files("controller.policies").joinpath("default_rules.yaml").read_text()
+    text = text.replace("for: 60s", "for: 3s").replace("after: 300s", "after: 4s")
+    return load_rules(text)
+
+
+async def thermal_scenario(
+    stub: fleet_pb2_grpc.FleetServiceStub, fleet: SimFleet, say: Say
+) -> bool:
+    """16 trays of an NVL72 rack with 2 hot spares; one tray overheats."""
+    alloc = await stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(
+            key="demo-train",
+            spec=fleet_pb2.AllocationSpec(
+                nodes=16,
+                gpu_model="GB200",
+                spares_per_domain=2,
+                topology=fleet_pb2.TOPOLOGY_LEVEL_NVLINK,
+            ),
+        )
+    )
+    say(
+        f"allocate    16 trays + 2 hot spares in one NVLink domain → {describe(alloc)}; "
+        f"spares {', '.join(alloc.spares)}"
+    )
+    victim = alloc.nodes[3]
+    node = await stub.GetNode(fleet_pb2.GetNodeRequest(name=victim))
+    slowdown = next((g.slowdown_c for g in node.health.gpus if g.HasField("slowdown_c")), 89.0)
+    target = slowdown - 1
+    fault = {"kind": "heat", "gpu": 2, "target_c": target, "rate_c_per_s": 15}
+    await stub.InjectFault(fleet_pb2.InjectFaultRequest(node=victim, fault_json=json.dumps(fault)))
+    say(
+        f"thermal     heating GPU 2 of {victim} toward {target:.0f} °C "
+        f"(slowdown at {slowdown:.0f} °C); rule gpu-hot: drain, tell the job, power off"
+    )
+    wanted = {"drained": False, "told": False, "off": False, "replaced": False}
+    events = stub.WatchEvents(fleet_pb2.WatchEventsRequest(follow=True))
+    deadline = time.monotonic() + 60
+    try:
+        async for event in events:
+            if event.allocation == alloc.id and event.kind == "allocation.notice":
+                wanted["told"] = True
+                say(f"event #{event.seq:<4} {event.kind} → job {alloc.id}: {event.reason}")
+            elif (
+                event.node == victim
+                and event.kind == "node.transition"
+                and (json.loads(event.data_json).get("to_state") == "draining")
+            ):
+                wanted["drained"] = True
+                say(f"event #{event.seq:<4} {victim} draining: {event.reason}")
+            elif event.node == victim and event.kind == "node.power":
+                data = json.loads(event.data_json)
+                if data.get("action") in ("off", "force_off"):
+                    wanted["off"] = True
+                    say(
+                        f"event #{event.seq:<4} {victim} powered {data.get('power')} "
+                        f"through its BMC ({data.get('action')})"
+                    )
+            elif event.allocation == alloc.id and event.kind == "allocation.node_replaced":
+                wanted["replaced"] = True
+                say(f"event #{event.seq:<4} {event.kind}: {event.reason}")
+            if all(wanted.values()) or time.monotonic() > deadline:
+                break
+    finally:
+        events.cancel()
+    power = (await asyncio.to_thread(fleet._read_power)).get(victim)
+    say(f"bmc         the Redfish emulator reports {victim} PowerState={power}")
+    await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))
+    say(f"release     {alloc.id}; {victim} stays powered off until an operator undrains it")
+    missing = [k for k, v in wanted.items() if not v]
+    if missing or power != "Off":
+        say(f"thermal     scenario incomplete: missing {', '.join(missing) or 'power-off'}")
+        return False
+    return True
 
 
 async def serve(address: str, say: Say) -> int:

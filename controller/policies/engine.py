@@ -264,8 +264,5 @@ def _reason(rule: Rule, sample: HealthSample, value: SeriesValue, streak: _Strea
         observed = f"{rule.when.metric}={value.value:g}"
     held = ""
     if rule.sustained:
-        held = f" for {sample.at - streak.since:g}s over {streak.count} samples"
-    return (
-        f"{value.series} {observed} ({rule.when.describe()}){held} "
-        f"from {sample.source} at {sample.at:g}"
-    )
+        held = f" for {sample.at - streak.since:.0f}s over {streak.count} samples"
+    return f"{value.series} {observed} ({rule.when.describe()}){held} from {sample.source}"
