@@ -19,7 +19,6 @@ from dataclasses import asdict
 from typing import Any
 
 import grpc
-from kiln.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 from agent.gpu_inventory import NodeInventory, read_inventory
 from agent.gpu_profile import GpuProfile, ProfileError
@@ -27,6 +26,7 @@ from agent.health import HealthSampler, NodeHealth
 from agent.metrics import AgentMetrics
 from agent.nvml.backend import NvmlBackend
 from agent.prepare import ApplyResult, apply_profile, check_drift, reset_to_defaults
+from kiln.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 log = logging.getLogger(__name__)
 

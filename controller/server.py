@@ -18,7 +18,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 
 from controller.api.agent_service import AgentService
 from controller.api.fleet_service import FleetService
@@ -34,6 +33,7 @@ from controller.policies import RuleSet, load_rules_file
 from controller.store.database import Database
 from controller.store.db import default_sqlite_url, open_engine
 from controller.store.outbox import StoreOutbox
+from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
-from kiln.v1 import agent_pb2, agent_pb2_grpc
 
 from controller.api import convert
 from controller.api.errors import status_for
@@ -21,6 +20,7 @@ from controller.core.agents import AgentSession
 from controller.core.errors import KilnError
 from controller.core.fleet import Fleet
 from controller.core.model import AgentCommand, CommandOutcome
+from kiln.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 from google.protobuf.message import Message
-from kiln.v1 import fleet_pb2, types_pb2
 
 from controller.core.model import (
     AllocationInfo,
@@ -17,6 +16,7 @@ from controller.core.model import (
     PowerResult,
     RackInfo,
 )
+from kiln.v1 import fleet_pb2, types_pb2
 
 NODE_STATE = {
     s.removeprefix("NODE_STATE_").lower(): v

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from typing import TypeAlias
 
 import grpc
-from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 from controller.api import convert
 from controller.api.errors import streaming, unary
@@ -14,6 +13,7 @@ from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.model import EnrollSpec
 from controller.placement import export_k8s_labels, export_slurm_topology
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
 

@@ -6,8 +6,6 @@ import argparse
 import time
 from typing import Any
 
-from kiln.v1 import fleet_pb2
-
 from controller.cli.client import CliError, Session, connect
 from controller.cli.output import (
     MISSING,
@@ -19,6 +17,7 @@ from controller.cli.output import (
     render_table,
     short_enum,
 )
+from kiln.v1 import fleet_pb2
 
 TOPOLOGIES: dict[str, int] = {
     "nvlink": fleet_pb2.TOPOLOGY_LEVEL_NVLINK,

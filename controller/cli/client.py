@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
 from kiln.v1 import fleet_pb2_grpc
 
 logger = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ import argparse
 from typing import Any
 
 import grpc
-from kiln.v1 import fleet_pb2
 
 from controller.cli.client import connect
 from controller.cli.output import MISSING, cell, emit, emit_json_line, fmt_time
+from kiln.v1 import fleet_pb2
 
 
 def register(subparsers: Any) -> None:

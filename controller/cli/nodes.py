@@ -11,8 +11,6 @@ import argparse
 import sys
 from typing import Any
 
-from kiln.v1 import fleet_pb2, types_pb2
-
 from controller.cli import power
 from controller.cli.client import CliError, connect
 from controller.cli.output import (
@@ -27,6 +25,7 @@ from controller.cli.output import (
     short_enum,
     short_enum_name,
 )
+from kiln.v1 import fleet_pb2, types_pb2
 
 NODE_STATES: dict[str, int] = {
     short_enum_name(value.name, "NodeState"): value.number

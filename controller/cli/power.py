@@ -15,10 +15,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from kiln.v1 import fleet_pb2, types_pb2
-
 from controller.cli.client import connect
 from controller.cli.output import emit, emit_json, emit_json_line, render_table, short_enum
+from kiln.v1 import fleet_pb2, types_pb2
 
 ACTIONS: dict[str, int] = {
     "on": types_pb2.POWER_ACTION_ON,

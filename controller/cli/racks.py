@@ -6,10 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from kiln.v1 import fleet_pb2
-
 from controller.cli.client import connect
 from controller.cli.output import emit, emit_json, render_table
+from kiln.v1 import fleet_pb2
 
 FORMATS: dict[str, int] = {
     "slurm": fleet_pb2.TOPOLOGY_FORMAT_SLURM,

@@ -13,10 +13,9 @@ import argparse
 import json
 from typing import Any
 
-from kiln.v1 import fleet_pb2
-
 from controller.cli.client import CliError, connect
 from controller.cli.output import emit, emit_json
+from kiln.v1 import fleet_pb2
 
 # flag dest → key in the fault JSON
 _FLAG_KEYS = {

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc
 
 

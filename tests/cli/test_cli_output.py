@@ -7,7 +7,6 @@ import json
 
 import pytest
 from cli_builders import make_gpu_health, make_node, make_progress
-from kiln.v1 import fleet_pb2, types_pb2
 
 from controller.cli.alloc import allocation_detail, allocations_table
 from controller.cli.events import event_line
@@ -22,6 +21,7 @@ from controller.cli.output import (
 )
 from controller.cli.power import BulkResult, ProgressLine, bulk_summary, progress_text
 from controller.cli.racks import racks_table
+from kiln.v1 import fleet_pb2, types_pb2
 
 
 def test_table_columns_align() -> None:

@@ -8,12 +8,12 @@ import types
 from typing import Any
 
 import pytest
-from kiln.v1 import fleet_pb2, types_pb2
 
 from controller.cli import main as cli_main
 from controller.cli.alloc import build_spec
 from controller.cli.main import build_parser, main
 from controller.cli.sim import build_fault
+from kiln.v1 import fleet_pb2, types_pb2
 
 
 def parse(*argv: str) -> Any:

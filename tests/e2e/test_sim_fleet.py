@@ -10,10 +10,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 READY = types_pb2.NODE_STATE_READY
 
