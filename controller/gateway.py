@@ -55,6 +55,22 @@ class PoolGateway:
         readings = await self._bmc(target).sensors.readings()
         return [t.value for t in readings.temperatures if t.value is not None]
 
+    async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
+        versions: dict[str, str] = {}
+        for component in await self._bmc(target).firmware.inventory():
+            versions[component.id] = component.version
+            versions.setdefault(component.name, component.version)
+        return versions
+
+    async def firmware_update(self, target: BmcTarget, image_url: str, component: str) -> None:
+        await self._bmc(target).firmware.update(image_url, [component] if component else None)
+
+    async def bios_attributes(self, target: BmcTarget) -> dict[str, object]:
+        return dict(await self._bmc(target).bios.attributes())
+
+    async def bios_set(self, target: BmcTarget, attributes: dict[str, object]) -> None:
+        await self._bmc(target).bios.set(attributes)
+
     def forget(self, node: str) -> None:
         self._handles.pop(node, None)
 

@@ -25,7 +25,7 @@ from controller.core.errors import KilnError
 from controller.core.eventlog import record
 from controller.core.nodes import Nodes, bmc_target
 from controller.core.ports import BmcGateway
-from controller.core.states import NodeState
+from controller.core.states import OUT_OF_SERVICE, NodeState
 from controller.core.transitions import load_node, move
 from controller.policies import Action, ActionKind, GpuReading, HealthSample, PolicyEngine
 from controller.store.database import Database
@@ -37,36 +37,76 @@ WATCHED = (NodeState.READY, NodeState.ALLOCATED, NodeState.DRAINING, NodeState.P
 
 
 def _num(value: Any) -> float | None:
-    if value is None:
+    if value is None or isinstance(value, bool):
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return None if math.isnan(number) else number
 
 
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    number = _num(value)
+    return int(number) if number is not None and number.is_integer() else None
+
+
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _gpu_reading(g: Any) -> GpuReading | None:
+    if not isinstance(g, dict):
+        return None
+    index = _int(g.get("index", 0))
+    if index is None or index < 0:
+        return None
+    xids = g.get("xids")
+    codes = [_int(x) for x in xids] if isinstance(xids, list | tuple) else []
+    return GpuReading(
+        index=index,
+        temp_c=_num(g.get("temp_c")),
+        slowdown_c=_num(g.get("slowdown_c")),
+        shutdown_c=_num(g.get("shutdown_c")),
+        dbe_volatile=_int(g.get("ecc_dbe_volatile")),
+        remap_failure=_flag(g.get("remap_failure")),
+        remap_pending=_flag(g.get("remap_pending")),
+        xids=tuple(x for x in codes if x is not None),
+        lost=g.get("lost") is True,
+    )
+
+
 def sample_from_report(node: str, rack: str, at: float, health: dict[str, Any]) -> HealthSample:
-    """An agent's health report (plain dict of the NodeHealth message) as a sample."""
-    gpus = []
-    for g in health.get("gpus") or []:
-        gpus.append(
-            GpuReading(
-                index=int(g.get("index", 0)),
-                temp_c=_num(g.get("temp_c")),
-                slowdown_c=_num(g.get("slowdown_c")),
-                shutdown_c=_num(g.get("shutdown_c")),
-                dbe_volatile=g.get("ecc_dbe_volatile"),
-                remap_failure=g.get("remap_failure"),
-                remap_pending=g.get("remap_pending"),
-                xids=tuple(int(x) for x in g.get("xids") or ()),
-                lost=bool(g.get("lost")),
-            )
-        )
-    return HealthSample(node=node, rack=rack, at=at, source="agent", gpus=tuple(gpus))
+    """An agent's health report (plain dict of the NodeHealth message) as a sample.
+
+    Never raises on a malformed report: a GPU entry that is not an object or
+    has no usable index is left out, and any value of the wrong type, NaN or
+    unparseable becomes ``None`` (unknown), which no rule acts on.
+    """
+    entries = health.get("gpus") if isinstance(health, dict) else None
+    gpus = [_gpu_reading(g) for g in entries] if isinstance(entries, list | tuple) else []
+    return HealthSample(
+        node=node,
+        rack=rack,
+        at=at,
+        source="agent",
+        gpus=tuple(g for g in gpus if g is not None),
+    )
 
 
 class PolicyRunner:
+    """Feeds the engine and executes what it decides, one action at a time.
+
+    ``tick_interval`` (how often delayed actions and silent nodes are looked
+    at), ``silent_after`` (seconds without an agent report before a powered-on
+    node is sampled through its BMC) and ``bmc_sample_interval`` are plain
+    attributes and may be changed while it runs.
+    """
+
     def __init__(
         self,
         db: Database,
@@ -87,14 +127,18 @@ class PolicyRunner:
         self._bmc = bmc
         self.engine = engine
         self._on_node_failed = on_node_failed
-        self._tick_interval = tick_interval
-        self._silent_after = silent_after
-        self._bmc_sample_interval = bmc_sample_interval
+        self.tick_interval = tick_interval
+        self.silent_after = silent_after
+        self.bmc_sample_interval = bmc_sample_interval
         self._clock = clock
         self._last_bmc_sample: dict[str, float] = {}
         self._lock = asyncio.Lock()
 
     async def observe(self, node: str, rack: str, health: dict[str, Any]) -> None:
+        """Evaluate one agent report of ``node`` and carry out what it triggers.
+
+        A malformed report counts as unknown readings; it never raises.
+        """
         sample = sample_from_report(node, rack, self._clock(), health)
         await self._carry_out(self.engine.observe(sample))
 
@@ -105,7 +149,7 @@ class PolicyRunner:
                 await self._sample_silent_nodes()
             except Exception:
                 log.exception("policy pass failed")
-            await asyncio.sleep(self._tick_interval)
+            await asyncio.sleep(self.tick_interval)
 
     async def _sample_silent_nodes(self) -> None:
         now = self._clock()
@@ -114,8 +158,8 @@ class PolicyRunner:
                 row.state not in WATCHED
                 or row.power != "on"
                 or self._agents.is_connected(row.name)
-                or now - row.agent_last_seen < self._silent_after
-                or now - self._last_bmc_sample.get(row.name, 0.0) < self._bmc_sample_interval
+                or now - row.agent_last_seen < self.silent_after
+                or now - self._last_bmc_sample.get(row.name, 0.0) < self.bmc_sample_interval
             ):
                 continue
             self._last_bmc_sample[row.name] = now
@@ -179,9 +223,13 @@ class PolicyRunner:
             await self._db.tx(lambda s: self._drain(s, action, NodeState.QUARANTINED))
             await self._on_node_failed(action.node, action.reason)
         elif kind in (ActionKind.POWER_OFF_GRACEFUL, ActionKind.POWER_OFF_NOW):
-            await self._db.tx(lambda s: self._drain(s, action, NodeState.POWERED_OFF))
+            # Out of service first, powered_off only once the BMC has done it:
+            # a power-off the BMC refuses leaves the node drained, never a
+            # node that claims to be off while it runs.
+            await self._db.tx(lambda s: self._drain(s, action, None, "powering off"))
             power = "off" if kind == ActionKind.POWER_OFF_GRACEFUL else "force_off"
             await self._nodes.power(action.node, power)
+            await self._db.tx(lambda s: self._powered_off(s, action))
             await self._on_node_failed(action.node, action.reason)
         elif kind == ActionKind.POWER_CYCLE:
             await self._db.tx(lambda s: self._note(s, action, "power cycle"))
@@ -200,23 +248,35 @@ class PolicyRunner:
                 action=action.kind.value,
             )
 
-    def _drain(self, session: Session, action: Action, target: NodeState) -> None:
-        self._note(session, action, f"node to {target.value}")
+    def _drain(
+        self, session: Session, action: Action, target: NodeState | None, outcome: str = ""
+    ) -> None:
+        """Record ``action`` and take the node out of service toward ``target``.
+
+        The node drains (the lifecycle finishes the move once no allocation
+        holds it); one already out of service moves to ``target`` directly.
+        ``target=None`` keeps the out-of-service state the node is already
+        headed for (maintenance when none).
+        """
+        self._note(session, action, outcome or f"node to {target}")
         row = load_node(session, action.node)
         row.drained = True
-        row.operation = target.value
+        if target is not None:
+            row.operation = target.value
+        elif row.operation not in OUT_OF_SERVICE:
+            row.operation = NodeState.MAINTENANCE.value
         session.add(row)
-        if row.state != NodeState.DRAINING and row.state not in (
-            NodeState.QUARANTINED,
-            NodeState.POWERED_OFF,
-            NodeState.MAINTENANCE,
-        ):
-            move(
-                session,
-                row,
-                NodeState.DRAINING,
-                f"{action.rule}: {action.reason}",
-                rule=action.rule,
-            )
-        elif row.state != target and row.state != NodeState.DRAINING:
-            move(session, row, target, f"{action.rule}: {action.reason}", rule=action.rule)
+        why = f"{action.rule}: {action.reason}"
+        if row.state != NodeState.DRAINING and row.state not in OUT_OF_SERVICE:
+            move(session, row, NodeState.DRAINING, why, rule=action.rule)
+        elif target is not None and row.state in OUT_OF_SERVICE:
+            move(session, row, target, why, rule=action.rule)
+
+    def _powered_off(self, session: Session, action: Action) -> None:
+        """After the BMC powered the node off: make powered_off its end state."""
+        row = load_node(session, action.node)
+        row.operation = NodeState.POWERED_OFF.value
+        session.add(row)
+        if row.state in OUT_OF_SERVICE:
+            why = f"{action.rule}: {action.reason}; powered off"
+            move(session, row, NodeState.POWERED_OFF, why, rule=action.rule)

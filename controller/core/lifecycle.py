@@ -8,7 +8,8 @@ Each pass looks at every node and takes the one next step its state calls for:
     preparing  → ready        once the agent applied the node's GPU profile (or
                               reset the GPUs to defaults); a failure quarantines
     releasing  → ready        once the agent reset the GPUs; preparing when the
-                              GPUs' state is unknown (no agent)
+                              GPUs' state is unknown (no agent); a reset the
+                              agent could not finish quarantines, with its reasons
     draining   → maintenance  (or the out-of-service state the drain asked for)
                               once no allocation holds the node
 
@@ -19,7 +20,9 @@ so a controller killed at any point resumes where it was on the next pass.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from sqlmodel import Session
@@ -30,7 +33,8 @@ from controller.core.errors import KilnError
 from controller.core.model import AgentCommand
 from controller.core.nodes import Nodes, bmc_target
 from controller.core.ports import BmcGateway
-from controller.core.profiles import ProfileCatalog
+from controller.core.preparation import PreparationFailed, Preparer, gate_problems
+from controller.core.profiles import HealthGate, ProfileCatalog
 from controller.core.states import NodeState
 from controller.core.transitions import load_node, move
 from controller.store.database import Database
@@ -55,6 +59,7 @@ class Lifecycle:
         interval: float = 1.0,
         command_timeout: float = 120.0,
         max_parallel: int = 64,
+        preparer: Preparer | None = None,
     ) -> None:
         self._db = db
         self._nodes = nodes
@@ -66,6 +71,7 @@ class Lifecycle:
         self._interval = interval
         self._command_timeout = command_timeout
         self._gate = asyncio.Semaphore(max_parallel)
+        self._preparer = preparer or Preparer(bmc)
         self._busy: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
@@ -157,28 +163,45 @@ class Lifecycle:
             return False
         # An allocation that names a profile asks for it through the node's
         # operation; otherwise the node goes to its own baseline profile.
-        profile = (
+        profile_name = (
             row.operation.removeprefix(FOR_ALLOCATION)
             if row.operation.startswith(FOR_ALLOCATION)
             else row.profile
         )
-        if profile:
-            command = AgentCommand("apply_profile", self._profiles.gpu_yaml(profile))
-        else:
-            command = AgentCommand("reset_gpus")
-        outcome = await self._agents.call(row.name, command, self._command_timeout)
-        if not outcome.ok:
-            reason = "; ".join(outcome.failures) or outcome.message or "preparation failed"
+        async with self._preparer.preparing.slot(row.rack or row.name):
+            return await self._prepare_to(row, profile_name)
+
+    async def _prepare_to(self, row: NodeRow, profile_name: str) -> bool:
+        profile = self._profiles.get(profile_name) if profile_name else None
+        changed: list[str] = []
+        try:
+            if profile is not None and (profile.firmware or profile.bios):
+                changed = await self._preparer.bmc_steps(
+                    bmc_target(row), row.rack or row.name, profile
+                )
+            if profile is not None:
+                command = AgentCommand("apply_profile", profile.gpu_yaml())
+            else:
+                command = AgentCommand("reset_gpus")
+            started = time.time()
+            outcome = await self._agents.call(row.name, command, self._command_timeout)
+            if not outcome.ok:
+                reason = "; ".join(outcome.failures) or outcome.message or "preparation failed"
+                raise PreparationFailed(reason)
+            if profile is not None and profile.health_gate is not None:
+                await self._health_gate(row.name, profile.health_gate, started)
+        except PreparationFailed as e:
             await self._quarantine(
-                row.name, f"cannot reach profile {profile or 'defaults'}: {reason}"
+                row.name, f"cannot reach profile {profile_name or 'defaults'}: {e}"
             )
             if row.allocation_id:
-                await self._on_node_failed(row.name, f"preparation failed: {reason}")
+                await self._on_node_failed(row.name, f"preparation failed: {e}")
             return False
+        changed += outcome.changed
 
         def write(session: Session) -> bool:
             node = load_node(session, row.name)
-            node.applied_profile = profile
+            node.applied_profile = profile_name
             if node.operation.startswith(FOR_ALLOCATION):
                 node.operation = ""
             session.add(node)
@@ -198,10 +221,38 @@ class Lifecycle:
 
         return await self._db.tx(write)
 
+    async def _health_gate(self, name: str, gate: HealthGate, since: float) -> None:
+        """Wait for a health sample taken after ``since`` and check it against ``gate``.
+
+        Raises PreparationFailed with every problem found, or when no fresh
+        sample arrives within the gate's timeout.
+        """
+        deadline = time.monotonic() + gate.sample_timeout_s
+        while True:
+            row = await self._row(name)
+            health = json.loads(row.health_json) if row.health_json else {}
+            if health.get("sampled_at", 0.0) > since:
+                problems = gate_problems(gate, health)
+                if problems:
+                    raise PreparationFailed("health gate: " + "; ".join(problems))
+                return
+            if time.monotonic() > deadline:
+                raise PreparationFailed(
+                    f"health gate: no health sample within {gate.sample_timeout_s:g}s"
+                )
+            await asyncio.sleep(0.2)
+
     async def _release(self, row: NodeRow) -> bool:
-        ok = await self._gpu_command(row.name, AgentCommand("reset_gpus"), best_effort=True)
-        if not ok:
+        try:
+            outcome = await self._agents.call(
+                row.name, AgentCommand("reset_gpus"), self._command_timeout
+            )
+        except KilnError:  # no agent, or no answer: preparing finds out
             await self._move(row.name, S.PREPARING, "GPU state unknown after release")
+            return False
+        if not outcome.ok:  # e.g. a process the job left behind holds a GPU
+            reason = "; ".join(outcome.failures) or outcome.message or "reset failed"
+            await self._quarantine(row.name, f"cannot reset GPUs after release: {reason}")
             return False
 
         def write(session: Session) -> bool:

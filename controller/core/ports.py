@@ -37,6 +37,23 @@ class BmcGateway(Protocol):
         """The BMC's own temperature readings in °C (the agent-silent fallback)."""
         ...
 
+    async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
+        """Firmware component (id and name both as keys) → installed version.
+        Raises NotSupported when the BMC has no firmware inventory."""
+        ...
+
+    async def firmware_update(self, target: BmcTarget, image_url: str, component: str) -> None:
+        """Update one component from ``image_url`` and follow the task to its end."""
+        ...
+
+    async def bios_attributes(self, target: BmcTarget) -> dict[str, object]:
+        """Current BIOS attributes. Raises NotSupported when the BMC has none."""
+        ...
+
+    async def bios_set(self, target: BmcTarget, attributes: dict[str, object]) -> None:
+        """Stage BIOS attributes; they apply at the next reboot."""
+        ...
+
     def forget(self, node: str) -> None:
         """Drop any cached connection for ``node`` (after re-enrolment)."""
         ...

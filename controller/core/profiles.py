@@ -14,7 +14,7 @@ and rejects a malformed file with a message naming the file and the problem.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,34 @@ KNOWN_KEYS = frozenset({"version", "name", "description", "gpu", "firmware", "bi
 
 
 @dataclass(frozen=True)
+class FirmwareTarget:
+    """One line of a firmware baseline: a component pinned to a version."""
+
+    component: str  # the BMC's FirmwareInventory member id or name
+    version: str
+    image: str  # URL the BMC fetches the image from
+
+
+@dataclass(frozen=True)
+class HealthGate:
+    """What a node's GPUs must show before the node is handed to a job."""
+
+    max_gpu_temp_c: float | None = None
+    max_ecc_dbe_volatile: int = 0
+    allow_remap_pending: bool = False
+    require_fabric: bool = False  # NVLink fabric state completed and healthy
+    allow_nvlink_down: bool = False
+    sample_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     gpu: dict[str, Any]
     raw: dict[str, Any]
+    firmware: tuple[FirmwareTarget, ...] = ()
+    bios: dict[str, Any] = field(default_factory=dict)
+    health_gate: HealthGate | None = None
 
     def gpu_yaml(self) -> str:
         body = {"version": "v1", "name": self.name, **self.gpu}
@@ -51,9 +75,63 @@ def parse_profile(data: Any, origin: str) -> Profile:
     gpu = data.get("gpu") or {}
     if not isinstance(gpu, dict):
         raise InvalidArgument(f"{origin}: 'gpu' must be a mapping")
-    profile = Profile(name=name, gpu=dict(gpu), raw=dict(data))
+    profile = Profile(
+        name=name,
+        gpu=dict(gpu),
+        raw=dict(data),
+        firmware=parse_firmware(data.get("firmware"), origin),
+        bios=parse_bios(data.get("bios"), origin),
+        health_gate=parse_gate(data.get("health_gate"), origin),
+    )
     validate_gpu_section(profile, origin)
     return profile
+
+
+def parse_firmware(data: Any, origin: str) -> tuple[FirmwareTarget, ...]:
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise InvalidArgument(
+            f"{origin}: 'firmware' must be a list of {{{{component, version, image}}}}"
+        )
+    targets = []
+    for i, entry in enumerate(data):
+        where = f"{origin}: firmware[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"component", "version", "image"}:
+            raise InvalidArgument(f"{where}: needs exactly component, version and image")
+        if not all(isinstance(entry[k], str) and entry[k] for k in entry):
+            raise InvalidArgument(f"{where}: component, version and image must be strings")
+        if not entry["image"].startswith(("http://", "https://")):
+            raise InvalidArgument(f"{where}: image must be an http(s) URL")
+        targets.append(FirmwareTarget(entry["component"], str(entry["version"]), entry["image"]))
+    return tuple(targets)
+
+
+def parse_bios(data: Any, origin: str) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise InvalidArgument(f"{origin}: 'bios' must map attribute names to values")
+    bad = [k for k, v in data.items() if not isinstance(v, str | int | bool)]
+    if bad:
+        raise InvalidArgument(f"{origin}: bios: {bad[0]} must be a string, number or boolean")
+    return dict(data)
+
+
+def parse_gate(data: Any, origin: str) -> HealthGate | None:
+    if data is None:
+        return None
+    known = {f.name for f in fields(HealthGate)}
+    if not isinstance(data, dict) or set(data) - known:
+        raise InvalidArgument(
+            f"{origin}: health_gate: unknown keys {sorted(set(data) - known)}"
+            if isinstance(data, dict)
+            else f"{origin}: health_gate must be a mapping"
+        )
+    try:
+        return HealthGate(**data)
+    except TypeError as e:
+        raise InvalidArgument(f"{origin}: health_gate: {e}") from e
 
 
 def validate_gpu_section(profile: Profile, origin: str) -> None:
