@@ -246,11 +246,12 @@ class Agent:
             if kind == "apply_profile":
                 result = await self._apply(command.apply_profile.profile_yaml)
             elif kind == "reset_gpus":
+                # The controller gave the profile up, whether or not the reset
+                # succeeds: drift repair must not bring it back.
+                self._profile = None
                 result = await asyncio.to_thread(
                     reset_to_defaults, self.nvml, reset_gpu=self._reset_gpu
                 )
-                if result.ok:
-                    self._profile = None
             elif kind == "inject_fault":
                 result = await self._inject(command.inject_fault.fault_json)
             else:
@@ -268,8 +269,9 @@ class Agent:
         result = await asyncio.to_thread(
             apply_profile, self.nvml, profile, reset_gpu=self._reset_gpu
         )
-        if result.ok:
-            self._profile = profile
+        # A profile that was not reached is not held (nor is the one before it),
+        # so drift repair never re-applies settings the controller did not accept.
+        self._profile = profile if result.ok else None
         return result
 
     async def _inject(self, fault_json: str) -> ApplyResult:

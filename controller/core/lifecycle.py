@@ -205,18 +205,18 @@ class Lifecycle:
             if node.operation.startswith(FOR_ALLOCATION):
                 node.operation = ""
             session.add(node)
-            reason = f"prepared to {profile or 'defaults'}"
+            reason = f"prepared to {profile_name or 'defaults'}"
             if node.allocation_id:
                 move(
                     session,
                     node,
                     S.ALLOCATED,
                     f"{reason} for {node.allocation_id}",
-                    changed=list(outcome.changed),
+                    changed=changed,
                 )
                 mark_ready_if_prepared(session, node.allocation_id)
                 return False
-            move(session, node, S.READY, reason, changed=list(outcome.changed))
+            move(session, node, S.READY, reason, changed=changed)
             return True
 
         return await self._db.tx(write)

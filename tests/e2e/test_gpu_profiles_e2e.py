@@ -22,13 +22,15 @@ from typing import Any
 
 import grpc
 import pynvml
-from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
+from agent.client import DRIFT_CHECK_EVERY
 from controller.core.profiles import ProfileCatalog, parse_profile
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, SimNodeSpec
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+SAMPLE_INTERVAL = 0.5  # seconds between an agent's health samples
 READY = types_pb2.NODE_STATE_READY
 ALLOCATED = types_pb2.NODE_STATE_ALLOCATED
 QUARANTINED = types_pb2.NODE_STATE_QUARANTINED
@@ -123,8 +125,8 @@ def assert_mig_balanced(gpus: list[GpuSettings]) -> None:
         assert g.power_limit_w == 600 and g.persistence, f"GPU {i}: {g}"
 
 
-def assert_at_defaults(gpus: list[GpuSettings]) -> None:
-    assert len(gpus) == 8
+def assert_at_defaults(gpus: list[GpuSettings], count: int = 8) -> None:
+    assert len(gpus) == count
     for i, g in enumerate(gpus):
         assert g.mig == (MIG_OFF, MIG_OFF), f"GPU {i}: MIG not off: {g}"
         assert not g.clocks_locked, f"GPU {i}: clocks still locked"
@@ -159,6 +161,9 @@ class Harness:
                 profile=profile,
             )
         )
+
+    async def power(self, name: str, action: int) -> None:
+        await self.stub.PowerNode(fleet_pb2.PowerNodeRequest(name=name, action=action))
 
     async def node(self, name: str) -> fleet_pb2.Node:
         return await self.stub.GetNode(fleet_pb2.GetNodeRequest(name=name))
@@ -206,7 +211,7 @@ async def sim_controller(tmp_path: Path, *nodes: str) -> AsyncIterator[Harness]:
             state_dir=tmp_path,
             profiles=catalog,
             reconcile_interval=0.2,
-            sample_interval=0.5,
+            sample_interval=SAMPLE_INTERVAL,
         )
     )
     address = await server.start()
@@ -317,11 +322,11 @@ async def test_a_job_profile_is_applied_for_the_job_and_reset_to_defaults_on_rel
         # The node stays at defaults when its agent comes back (a power cycle):
         # what the GPUs hold and what the controller believes they hold agree,
         # so the controller does not re-apply the job's profile.
-        for action in (types_pb2.POWER_ACTION_FORCE_OFF, types_pb2.POWER_ACTION_ON):
-            await h.stub.PowerNode(fleet_pb2.PowerNodeRequest(name="h200-job", action=action))
-            on = action == types_pb2.POWER_ACTION_ON
-            await h.wait_node("h200-job", lambda n, on=on: n.agent_connected == on)
-        await h.wait_node("h200-job", lambda n: n.schedulable)
+        await h.power("h200-job", types_pb2.POWER_ACTION_FORCE_OFF)
+        await h.wait_node("h200-job", lambda n: not n.agent_connected)
+        await h.power("h200-job", types_pb2.POWER_ACTION_ON)
+        await h.wait_node("h200-job", lambda n: n.agent_connected and n.schedulable)
+        assert h.fleet.nodes["h200-job"].boots == 2, "the fake node really rebooted"
         later = await h.events("h200-job", after_seq=seq)
         assert [e.reason for e in later if e.kind == "node.agent"][-1] == "agent connected"
         moves = [json.loads(e.data_json)["to_state"] for e in later if e.kind == "node.transition"]
@@ -366,3 +371,28 @@ async def test_a_gpu_in_use_quarantines_the_node_with_the_reason(tmp_path: Path)
         events = await h.events("h200-busy")
         quarantined = [e for e in events if e.kind == "node.transition" and "GPU 3" in e.reason]
         assert quarantined, "the reason is in the event stream too"
+
+
+async def test_a_process_left_by_a_job_quarantines_the_node_on_release(tmp_path: Path) -> None:
+    async with sim_controller(tmp_path, "h200-left") as h:
+        await h.enroll("h200-left", "h200-mig-balanced")
+        await h.wait_node("h200-left", lambda n: n.state == READY and n.schedulable)
+        alloc = await h.stub.CreateAllocation(
+            fleet_pb2.CreateAllocationRequest(key="leaky", spec=fleet_pb2.AllocationSpec(nodes=1))
+        )
+        assert list(alloc.nodes) == ["h200-left"]
+        await asyncio.to_thread(h.nvml("h200-left").faults.add_process, 3, 5150)
+        await h.stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))
+
+        # Not handed to the next job with a stranger's process on GPU 3.
+        node = await h.wait_state("h200-left", QUARANTINED)
+        assert node.state_reason == (
+            "cannot reset GPUs after release: GPU 3 in use by 1 processes; MIG layout not changed"
+        )
+        assert not node.schedulable
+        # The agent gave the profile up with the reset: drift repair (every
+        # DRIFT_CHECK_EVERY health samples) must not bring it back.
+        await asyncio.sleep((DRIFT_CHECK_EVERY + 1) * SAMPLE_INTERVAL)
+        gpus = await h.gpus("h200-left")
+        assert_at_defaults([g for i, g in enumerate(gpus) if i != 3], count=7)
+        assert gpus[3].instances, "the busy GPU kept its instances"
