@@ -91,6 +91,7 @@ class Agent:
         # itself has no reset call, so on real GPUs a pending mode is reported.
         self._reset_gpu = getattr(nvml, "gpu_reset", None)
         self._profile: GpuProfile | None = None
+        self._gpu_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self.registered = asyncio.Event()
         self.connections = 0
@@ -225,41 +226,45 @@ class Agent:
     async def _repair_drift(self) -> None:
         """Re-apply the held profile when the GPUs no longer match it (a driver
         reload or a reboot forgets clocks, power limits and persistence)."""
-        profile = self._profile
-        if profile is None:
-            return
-        drift = await asyncio.to_thread(check_drift, self.nvml, profile)
-        if drift:
-            log.warning(
-                "node %s: GPU settings drifted (%s); re-applying %s",
-                self.node_name,
-                "; ".join(drift),
-                profile.name,
-            )
-            await asyncio.to_thread(apply_profile, self.nvml, profile, reset_gpu=self._reset_gpu)
+        async with self._gpu_lock:
+            profile = self._profile
+            if profile is None:
+                return
+            drift = await asyncio.to_thread(check_drift, self.nvml, profile)
+            if drift:
+                log.warning(
+                    "node %s: GPU settings drifted (%s); re-applying %s",
+                    self.node_name,
+                    "; ".join(drift),
+                    profile.name,
+                )
+                await asyncio.to_thread(
+                    apply_profile, self.nvml, profile, reset_gpu=self._reset_gpu
+                )
 
     async def _execute(
         self, command: agent_pb2.Command, outbox: asyncio.Queue[agent_pb2.AgentMessage | None]
     ) -> None:
         kind = command.WhichOneof("kind")
         try:
-            if kind == "apply_profile":
-                result = await self._apply(command.apply_profile.profile_yaml)
-            elif kind == "reset_gpus":
-                # The controller gave the profile up, whether or not the reset
-                # succeeds: drift repair must not bring it back.
-                self._profile = None
-                result = await asyncio.to_thread(
-                    reset_to_defaults, self.nvml, reset_gpu=self._reset_gpu
-                )
-            elif kind == "inject_fault":
-                result = await self._inject(command.inject_fault.fault_json)
-            else:
-                result = ApplyResult(ok=False, changed=[], failures=[f"unknown command {kind}"])
+            async with self._gpu_lock:  # one change to the GPUs at a time
+                result = await self._run_command(command, kind)
         except Exception as e:  # report, never crash the stream
             log.exception("node %s: command %s failed", self.node_name, kind)
             result = ApplyResult(ok=False, changed=[], failures=[f"{type(e).__name__}: {e}"])
         await outbox.put(result_pb(command.id, result))
+
+    async def _run_command(self, command: agent_pb2.Command, kind: str | None) -> ApplyResult:
+        if kind == "apply_profile":
+            return await self._apply(command.apply_profile.profile_yaml)
+        if kind == "reset_gpus":
+            # The controller gave the profile up, whether or not the reset
+            # succeeds: drift repair must not bring it back.
+            self._profile = None
+            return await asyncio.to_thread(reset_to_defaults, self.nvml, reset_gpu=self._reset_gpu)
+        if kind == "inject_fault":
+            return await self._inject(command.inject_fault.fault_json)
+        return ApplyResult(ok=False, changed=[], failures=[f"unknown command {kind}"])
 
     async def _apply(self, profile_yaml: str) -> ApplyResult:
         try:

@@ -26,7 +26,7 @@ from controller.core.model import (
     short_gpu_model,
 )
 from controller.core.ports import BmcGateway
-from controller.core.states import NodeState
+from controller.core.states import OUT_OF_SERVICE, NodeState
 from controller.core.transitions import load_node, move
 from controller.store.database import Database
 from controller.store.models import GpuRow, NodeRow
@@ -154,9 +154,19 @@ class Nodes:
         def write(session: Session) -> None:
             existing = session.get(NodeRow, spec.name)
             if existing is not None:
-                if existing.bmc_url == url and existing.rack == spec.rack:
-                    return  # the same enrolment again: idempotent
-                raise AlreadyExists(kind="node", name=spec.name)
+                if existing.bmc_url != url or existing.rack != spec.rack:
+                    raise AlreadyExists(kind="node", name=spec.name)
+                if existing.profile != spec.profile:  # a new baseline profile
+                    existing.profile = spec.profile
+                    session.add(existing)
+                    if existing.state == NodeState.READY:
+                        move(
+                            session,
+                            existing,
+                            NodeState.PREPARING,
+                            f"baseline profile now {spec.profile or 'defaults'}",
+                        )
+                return  # otherwise the same enrolment again: idempotent
             now = time.time()
             session.add(
                 NodeRow(
@@ -207,9 +217,13 @@ class Nodes:
                     from_state="draining",
                     to_state="allocated",
                 )
-            elif row.state in (NodeState.DRAINING, NodeState.MAINTENANCE):
+            elif row.state in (NodeState.DRAINING, *OUT_OF_SERVICE):
                 if row.state == NodeState.DRAINING:
                     move(session, row, NodeState.MAINTENANCE, "undrained before drain finished")
+                # Back into service through inspection: power on (whoever
+                # powered it off), re-check the BMC and the GPUs, prepare again.
+                row.operation = ""
+                row.expected_power = ""
                 move(session, row, NodeState.INSPECTING, "undrained: re-inspecting")
 
         await self._db.tx(write)

@@ -9,8 +9,15 @@ from controller.cli.demo import demo
 
 async def test_demo_runs_end_to_end_with_the_thermal_scenario() -> None:
     lines: list[str] = []
-    args = argparse.Namespace(racks=1, hgx=2, serve=False, listen="127.0.0.1:0",
-                              power_delay=False, timeout=120.0, no_thermal=False)
+    args = argparse.Namespace(
+        racks=1,
+        hgx=2,
+        serve=False,
+        listen="127.0.0.1:0",
+        power_delay=False,
+        timeout=120.0,
+        no_thermal=False,
+    )
     assert await demo(args, lines.append) == 0, "\n".join(lines)
     text = "\n".join(lines)
     assert "18 nodes in 1 NVLink domain(s)" in text

@@ -197,3 +197,26 @@ async def test_agent_going_away_makes_the_node_unschedulable(harness: Harness) -
     )
     admitted = await harness.wait_alloc(pending.id, fleet_pb2.ALLOCATION_STATE_READY)
     assert sorted(admitted.nodes) == ["h200-n01", "h200-n02", "h200-n03"]
+
+
+async def test_drain_then_undrain_returns_a_node_to_service_even_after_power_off(
+    harness: Harness,
+) -> None:
+    await harness.wait_all_ready()
+    stub = harness.stub
+    node = await stub.DrainNode(fleet_pb2.DrainNodeRequest(name="h200-n02", reason="fan swap"))
+    assert node.state == types_pb2.NODE_STATE_DRAINING and not node.schedulable
+    deadline = time.monotonic() + 10
+    while node.state != types_pb2.NODE_STATE_MAINTENANCE:
+        assert time.monotonic() < deadline, node.state_reason
+        await asyncio.sleep(0.2)
+        node = await stub.GetNode(fleet_pb2.GetNodeRequest(name="h200-n02"))
+    assert node.state_reason == "fan swap"
+    off = await stub.PowerNode(
+        fleet_pb2.PowerNodeRequest(name="h200-n02", action=types_pb2.POWER_ACTION_OFF)
+    )
+    assert off.power == types_pb2.POWER_STATE_OFF
+    await stub.UndrainNode(fleet_pb2.UndrainNodeRequest(name="h200-n02"))
+    nodes = await harness.wait_all_ready()
+    back = next(n for n in nodes if n.name == "h200-n02")
+    assert back.power == types_pb2.POWER_STATE_ON and back.agent_connected
