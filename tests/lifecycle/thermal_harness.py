@@ -21,7 +21,6 @@ from typing import Any
 
 import aiomqtt
 import grpc
-from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 from controller.core.health_policy import PolicyRunner
 from controller.events import Event
@@ -29,6 +28,7 @@ from controller.policies import load_rules
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
 from controller.sim.mosquitto import Mosquitto
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 READY = types_pb2.NODE_STATE_READY
 EventFilter = Callable[[Event], bool]
@@ -50,7 +50,7 @@ class MqttCollector:
         return [seen[s] for s in sorted(seen)]
 
     async def wait_for(
-        self, match: EventFilter, *, count: int = 1, within: float = 20.0, topic: str = ""
+        self, match: EventFilter, *, count: int = 1, within: float = 30.0, topic: str = ""
     ) -> list[Event]:
         """Wait until ``count`` matching events arrived; AssertionError on timeout."""
         try:
@@ -60,7 +60,9 @@ class MqttCollector:
                     await self._arrived.wait()
         except TimeoutError:
             kinds = [(e.kind, e.node, e.data.get("action")) for _, e in self.received[-30:]]
-            raise AssertionError(f"not {count} matching event(s) in {within}s; last: {kinds}")
+            raise AssertionError(
+                f"not {count} matching event(s) in {within}s; last: {kinds}"
+            ) from None
         return self.events(match, topic=topic)
 
     def _add(self, topic: str, event: Event) -> None:
@@ -136,7 +138,7 @@ class ThermalHarness:
         return list((await self.stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes)
 
     async def wait_node(
-        self, name: str, match: Callable[[fleet_pb2.Node], bool], within: float = 20.0
+        self, name: str, match: Callable[[fleet_pb2.Node], bool], within: float = 30.0
     ) -> fleet_pb2.Node:
         deadline = time.monotonic() + within
         while True:
@@ -174,7 +176,7 @@ class ThermalHarness:
         """The system's PowerState as the sushy-tools emulator serves it ("On"/"Off")."""
         return await asyncio.to_thread(self._read_power, name)
 
-    async def wait_emulator_power(self, name: str, state: str, within: float = 15.0) -> None:
+    async def wait_emulator_power(self, name: str, state: str, within: float = 30.0) -> None:
         deadline = time.monotonic() + within
         while (power := await self.emulator_power(name)) != state:
             if time.monotonic() > deadline:
