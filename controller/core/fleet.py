@@ -81,6 +81,7 @@ class Fleet:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
         await self.lifecycle.stop()
+        await self.policies.stop()
         self._tasks.clear()
 
     # -- agents ----------------------------------------------------------------

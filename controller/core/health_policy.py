@@ -14,6 +14,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -132,7 +133,8 @@ class PolicyRunner:
         self.bmc_sample_interval = bmc_sample_interval
         self._clock = clock
         self._last_bmc_sample: dict[str, float] = {}
-        self._lock = asyncio.Lock()
+        self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._workers: set[asyncio.Task[None]] = set()
 
     async def observe(self, node: str, rack: str, health: dict[str, Any]) -> None:
         """Evaluate one agent report of ``node`` and carry out what it triggers.
@@ -140,12 +142,12 @@ class PolicyRunner:
         A malformed report counts as unknown readings; it never raises.
         """
         sample = sample_from_report(node, rack, self._clock(), health)
-        await self._carry_out(self.engine.observe(sample))
+        self._dispatch(self.engine.observe(sample))
 
     async def run(self) -> None:
         while True:
             try:
-                await self._carry_out(self.engine.tick(self._clock()))
+                self._dispatch(self.engine.tick(self._clock()))
                 await self._sample_silent_nodes()
             except Exception:
                 log.exception("policy pass failed")
@@ -171,11 +173,32 @@ class PolicyRunner:
             sample = HealthSample(
                 node=row.name, rack=row.rack, at=now, source="bmc", bmc_temps_c=tuple(temps)
             )
-            await self._carry_out(self.engine.observe(sample))
+            self._dispatch(self.engine.observe(sample))
 
-    async def _carry_out(self, actions: list[Action]) -> None:
+    def _dispatch(self, actions: list[Action]) -> None:
+        """Carry actions out in the background, in order per node, so a slow BMC
+        never holds up an agent's report stream or another node's actions."""
+        by_node: dict[str, list[Action]] = defaultdict(list)
         for action in actions:
-            async with self._lock:
+            by_node[action.node].append(action)
+        for node, batch in by_node.items():
+            task = asyncio.create_task(self._carry_out(node, batch))
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    async def settle(self) -> None:
+        """Wait for the actions in flight (tests use this)."""
+        while self._workers:
+            await asyncio.gather(*list(self._workers), return_exceptions=True)
+
+    async def stop(self) -> None:
+        for task in list(self._workers):
+            task.cancel()
+        await asyncio.gather(*list(self._workers), return_exceptions=True)
+
+    async def _carry_out(self, node: str, actions: list[Action]) -> None:
+        for action in actions:
+            async with self._node_locks[node]:
                 try:
                     await self._one(action)
                 except KilnError as e:

@@ -9,18 +9,15 @@ import shutil
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
+from bmc_peers import PASSWORD, USER
 
-from controller.bmc import BmcCredentials, BmcPool, RetryPolicy
+from controller.bmc import BmcCredentials
 from controller.sim.ipmi_sim import IpmiSim
 from controller.sim.ports import free_port
 from controller.sim.redfish_emulator import RedfishEmulator, make_systems
-
-USER = "kiln-admin"
-PASSWORD = "Sup3r-Secret-Pw!"  # tests assert this string never leaks
 
 
 @pytest.fixture
@@ -39,14 +36,6 @@ async def emulator() -> AsyncIterator[RedfishEmulator]:
 async def ipmi_sim() -> AsyncIterator[IpmiSim]:
     async with IpmiSim("bmc0", USER, PASSWORD) as sim:
         yield sim
-
-
-def make_pool(call_timeout: float = 8.0, **kwargs: Any) -> BmcPool:
-    """A pool with fast retries, for tests (close it before stopping peers)."""
-    kwargs.setdefault("retry", RetryPolicy(attempts=3, base_delay=0.05, max_delay=0.2))
-    kwargs.setdefault("breaker_threshold", 5)
-    kwargs.setdefault("breaker_cooldown", 30.0)
-    return BmcPool(max_workers=32, call_timeout=call_timeout, seed=7, **kwargs)
 
 
 @pytest.fixture

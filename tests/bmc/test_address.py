@@ -11,7 +11,8 @@ from controller.core.errors import InvalidArgument
     [
         pytest.param(
             "redfish://10.0.0.5/redfish/v1/Systems/1", "redfish", "https", "10.0.0.5", 443,
-            "/redfish/v1/Systems/1", "redfish://10.0.0.5:443/redfish/v1/Systems/1", id="redfish-default",
+            "/redfish/v1/Systems/1", "redfish://10.0.0.5:443/redfish/v1/Systems/1",
+            id="redfish-default",
         ),
         pytest.param(
             "redfish+http://bmc-7.rack3:8000/redfish/v1/Systems/node-7/", "redfish", "http",

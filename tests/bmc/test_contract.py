@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import pytest_asyncio
+from bmc_peers import PASSWORD, USER, ipmitool_power, make_pool, redfishtool_power
 
 from controller.bmc import (
     Bmc,
@@ -23,8 +24,6 @@ from controller.bmc import (
 from controller.core.errors import NotSupported
 from controller.sim.ipmi_sim import IpmiSim
 from controller.sim.redfish_emulator import RedfishEmulator, make_systems
-from tests.bmc.conftest import PASSWORD, USER, make_pool
-from tests.bmc.peers import ipmitool_power, redfishtool_power
 
 
 @dataclass

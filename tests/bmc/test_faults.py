@@ -6,13 +6,13 @@ import asyncio
 import time
 
 import pytest
+from bmc_peers import make_pool
 
 from controller.bmc import BmcCredentials, PowerAction, PowerState, RetryPolicy, parse_bmc_url
 from controller.bmc.errors import BmcBreakerOpen
 from controller.core.errors import Unavailable
 from controller.sim.fault_proxy import FaultProxy
 from controller.sim.redfish_emulator import RedfishEmulator
-from tests.bmc.conftest import make_pool
 
 
 def via(proxy: FaultProxy, system: str = "node-00001") -> str:

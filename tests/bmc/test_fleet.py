@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from bmc_peers import PASSWORD, USER, ipmitool, make_pool
 
 from controller.bmc import (
     Bmc,
@@ -19,8 +20,6 @@ from controller.bmc import (
 from controller.sim.fault_proxy import FaultProxy
 from controller.sim.ipmi_sim import IpmiSim
 from controller.sim.redfish_emulator import RedfishEmulator, make_systems
-from tests.bmc.conftest import PASSWORD, USER, make_pool
-from tests.bmc.peers import ipmitool_args
 
 
 async def test_broken_bmcs_do_not_slow_healthy_ones(
@@ -86,8 +85,6 @@ async def test_bulk_power_on_over_ipmi_sims(credentials: BmcCredentials) -> None
 async def test_power_sync_reports_drift_and_health(
     credentials: BmcCredentials, closed_port: int
 ) -> None:
-    import subprocess
-
     async with RedfishEmulator(make_systems(3), username=USER, password=PASSWORD) as emu:
         async with IpmiSim("bmc-ipmi", USER, PASSWORD, power_on=True) as sim:
             async with make_pool(call_timeout=2.0, retry=RetryPolicy(attempts=1)) as pool:
@@ -119,10 +116,7 @@ async def test_power_sync_reports_drift_and_health(
                 assert health["ghost"].state == "degraded"
                 assert health["node-00000"].state == "ok"
                 # Powered off outside Kiln: through ipmitool, and by the simulated chassis.
-                subprocess.run(
-                    [*ipmitool_args(sim, USER, PASSWORD), "power", "off"],
-                    check=True, capture_output=True, timeout=30,
-                )  # fmt: skip
+                await ipmitool(sim, USER, PASSWORD, "power", "off")
                 second = await sync.run_once()
                 assert drift == [("ipmi-node", PowerState.ON, PowerState.OFF)]
                 assert second.drifted == ["ipmi-node"]

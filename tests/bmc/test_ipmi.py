@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
 
 import pytest
+from bmc_peers import PASSWORD, USER, ipmitool, make_pool
 
 from controller.bmc import BmcCredentials, BootDevice, Health, parse_bmc_url
 from controller.core.errors import BmcAuthenticationFailed, NotSupported
 from controller.sim.ipmi_sim import IpmiSim
-from tests.bmc.conftest import PASSWORD, USER, make_pool
-from tests.bmc.peers import ipmitool_args
 
 
 async def test_heat_shows_in_sensors_and_sel(
@@ -44,10 +42,7 @@ async def test_boot_device_matches_ipmitool(ipmi_sim: IpmiSim, credentials: BmcC
         bmc = pool.get("node-1", parse_bmc_url(ipmi_sim.address), credentials)
         await bmc.boot.set(BootDevice.CD)
         assert ipmi_sim.boot_device() == "cdrom"
-        out = subprocess.run(
-            [*ipmitool_args(ipmi_sim, USER, PASSWORD), "chassis", "bootparam", "get", "5"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout  # fmt: skip
+        out = await ipmitool(ipmi_sim, USER, PASSWORD, "chassis", "bootparam", "get", "5")
         assert "Force Boot from CD/DVD" in out
         assert (await bmc.boot.get()).device is BootDevice.CD
         with pytest.raises(NotSupported, match="boot from uefi_http"):

@@ -7,11 +7,24 @@ import asyncio
 import json
 import shutil
 import subprocess
+from typing import Any
 
 import pytest
 
+from controller.bmc import BmcPool, RetryPolicy
 from controller.sim.ipmi_sim import IpmiSim
 from controller.sim.redfish_emulator import RedfishEmulator
+
+USER = "kiln-admin"
+PASSWORD = "Sup3r-Secret-Pw!"  # tests assert this string never leaks
+
+
+def make_pool(call_timeout: float = 8.0, **kwargs: Any) -> BmcPool:
+    """A pool with fast retries, for tests (close it before stopping peers)."""
+    kwargs.setdefault("retry", RetryPolicy(attempts=3, base_delay=0.05, max_delay=0.2))
+    kwargs.setdefault("breaker_threshold", 5)
+    kwargs.setdefault("breaker_cooldown", 30.0)
+    return BmcPool(max_workers=32, call_timeout=call_timeout, seed=7, **kwargs)
 
 
 def _tool(name: str) -> str:
@@ -43,6 +56,11 @@ def ipmitool_args(sim: IpmiSim, user: str, password: str) -> list[str]:
         _tool("ipmitool"), "-I", "lanplus", "-C", "3", "-H", "127.0.0.1",
         "-p", str(sim.port), "-U", user, "-P", password,
     ]  # fmt: skip
+
+
+async def ipmitool(sim: IpmiSim, user: str, password: str, *args: str) -> str:
+    """Run ipmitool against ``sim``; returns stdout."""
+    return await _run([*ipmitool_args(sim, user, password), *args])
 
 
 async def ipmitool_power(sim: IpmiSim, user: str, password: str) -> str:

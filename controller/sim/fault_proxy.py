@@ -1,0 +1,165 @@
+"""A loopback HTTP/1.x proxy that injects faults, for resilience tests.
+
+For each request it reads from a client it decides, with a seeded random
+source: drop the connection (``drop_ratio``), answer ``500`` itself
+(``error_ratio``), or wait ``delay_s`` and forward it to ``target`` over a
+per-client upstream connection. It parses HTTP framing (Content-Length and
+chunked bodies) so faults apply per request, also on keep-alive connections.
+Plain HTTP only: put it in front of an emulator started without TLS.
+Counters (``requests``, ``dropped``, ``errors``, ``forwarded``) let tests
+check that faults really happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+
+from controller.sim.ports import free_port
+
+_ERROR_BODY = b'{"error": {"code": "Base.1.0.InternalError", "message": "injected fault"}}'
+_ERROR = (
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+    b"Content-Length: " + str(len(_ERROR_BODY)).encode() + b"\r\nConnection: close\r\n\r\n"
+) + _ERROR_BODY
+
+
+async def _read_message(reader: asyncio.StreamReader, *, head_only: bool = False) -> bytes:
+    """One HTTP message (head + body); empty bytes at EOF."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as e:
+        if e.partial:
+            raise ConnectionError("truncated HTTP head") from e
+        return b""
+    if head_only:
+        return head
+    length = 0
+    chunked = False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value.strip())
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    if chunked:
+        body = b""
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";")[0].strip(), 16)
+            chunk = await reader.readexactly(size + 2)
+            body += size_line + chunk
+            if size == 0:
+                return head + body
+    return head + (await reader.readexactly(length) if length else b"")
+
+
+class FaultProxy:
+    """Listens on 127.0.0.1:``port`` and forwards to ``target`` with faults."""
+
+    def __init__(
+        self,
+        target: tuple[str, int],
+        *,
+        delay_s: float = 0.0,
+        drop_ratio: float = 0.0,
+        error_ratio: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if target[0] not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError("FaultProxy only forwards to loopback targets")
+        self.target = target
+        self.delay_s = delay_s
+        self.drop_ratio = drop_ratio
+        self.error_ratio = error_ratio
+        self._rng = random.Random(seed)
+        self.port = 0
+        self.requests = 0
+        self.dropped = 0
+        self.errors = 0
+        self.forwarded = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    async def start(self) -> None:
+        self.port = free_port()
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> FaultProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                request = await _read_message(reader)
+                if not request:
+                    return
+                self.requests += 1
+                roll = self._rng.random()
+                if roll < self.drop_ratio:
+                    self.dropped += 1
+                    return  # close without an answer
+                if roll < self.drop_ratio + self.error_ratio:
+                    self.errors += 1
+                    writer.write(_ERROR)
+                    await writer.drain()
+                    return
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                if upstream is None:
+                    upstream = await asyncio.open_connection(*self.target)
+                up_reader, up_writer = upstream
+                up_writer.write(request)
+                await up_writer.drain()
+                is_head = request.startswith(b"HEAD ")
+                response = await _read_message(up_reader, head_only=is_head)
+                if not response:
+                    return
+                self.forwarded += 1
+                writer.write(response)
+                await writer.drain()
+                if b"\r\nconnection: close" in response.split(b"\r\n\r\n", 1)[0].lower():
+                    up_writer.close()
+                    upstream = None
+                    if response.startswith(b"HTTP/1.0"):
+                        return
+        except (
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+        ):
+            return
+        except asyncio.CancelledError:
+            # Only stop() cancels these; ending normally keeps asyncio's
+            # stream callback from logging the cancellation as an error.
+            return
+        finally:
+            if upstream is not None:
+                upstream[1].close()
+            writer.close()
+            if task is not None:
+                self._tasks.discard(task)
