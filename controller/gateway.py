@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from controller.bmc.address import BmcCredentials, TlsOptions, parse_bmc_url
 from controller.bmc.base import PowerAction, PowerState
+from controller.bmc.fleet import run_bulk
 from controller.bmc.pool import Bmc, BmcPool
 from controller.core.errors import InvalidArgument
 from controller.core.model import BmcTarget
@@ -70,6 +71,21 @@ class PoolGateway:
 
     async def bios_set(self, target: BmcTarget, attributes: dict[str, object]) -> None:
         await self._bmc(target).bios.set(attributes)
+
+    async def poll_power(
+        self, targets: list[BmcTarget], concurrency: int
+    ) -> dict[str, tuple[str | None, str]]:
+        async def read(bmc: Bmc) -> PowerState:
+            return await bmc.power.state()
+
+        result = await run_bulk(
+            [(t.node, self._bmc(t)) for t in targets], read, concurrency=concurrency
+        )
+        polled: dict[str, tuple[str | None, str]] = {}
+        for node, outcome in result.outcomes.items():
+            state = STATES.get(outcome.value, "unknown") if outcome.ok and outcome.value else None
+            polled[node] = (state, self.health(node))
+        return polled
 
     def forget(self, node: str) -> None:
         self._handles.pop(node, None)

@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="queue quotas (YAML, see docs/placement.md); default: one unlimited queue",
     )
+    p.add_argument(
+        "--power-sync-interval",
+        type=float,
+        default=60.0,
+        help="seconds between power-state sync passes over every BMC",
+    )
     p.add_argument("--mqtt", default=None, help="HOST:PORT of the MQTT broker for events")
     p.add_argument("-v", "--verbose", action="store_true")
     return p

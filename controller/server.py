@@ -59,6 +59,7 @@ class ControllerConfig:
     rules: RuleSet | None = field(default=None, repr=False)  # None: rules_file or defaults
     rules_file: Path | None = None
     mqtt: str | None = None  # HOST:PORT of the MQTT broker events go to
+    power_sync_interval: float = 60.0
 
 
 class ControllerServer:
@@ -101,6 +102,7 @@ class ControllerServer:
             reconcile_interval=cfg.reconcile_interval,
             sample_interval=cfg.sample_interval,
             rules=rules,
+            power_sync_interval=cfg.power_sync_interval,
         )
         if cfg.mqtt:
             host, _, port = cfg.mqtt.rpartition(":")

@@ -21,6 +21,7 @@ from controller.core.lifecycle import Lifecycle
 from controller.core.model import AgentCommand, CommandOutcome, GpuInfo
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway
+from controller.core.power_sync import PowerSync
 from controller.core.profiles import ProfileCatalog
 from controller.placement import QueueConfig
 from controller.policies import PolicyEngine, RuleSet, load_default_rules
@@ -40,6 +41,7 @@ class Fleet:
         reconcile_interval: float = 1.0,
         sample_interval: float = 5.0,
         rules: RuleSet | None = None,
+        power_sync_interval: float = 60.0,
     ) -> None:
         self.db = db
         self.bmc = bmc
@@ -66,6 +68,7 @@ class Fleet:
             PolicyEngine(rules or load_default_rules()),
             self.allocations.node_failed,
         )
+        self.power_sync = PowerSync(db, self.nodes, bmc, interval=power_sync_interval)
         self.sample_interval = sample_interval
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
@@ -73,6 +76,7 @@ class Fleet:
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self.lifecycle.run(), name="kiln-lifecycle"))
         self._tasks.append(asyncio.create_task(self.policies.run(), name="kiln-policies"))
+        self._tasks.append(asyncio.create_task(self.power_sync.run(), name="kiln-power-sync"))
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -54,6 +54,13 @@ class BmcGateway(Protocol):
         """Stage BIOS attributes; they apply at the next reboot."""
         ...
 
+    async def poll_power(
+        self, targets: list[BmcTarget], concurrency: int
+    ) -> dict[str, tuple[str | None, str]]:
+        """Read many BMCs' power at once: node → (state or None on failure, health).
+        Never raises for one BMC's failure; a broken BMC never slows the rest."""
+        ...
+
     def forget(self, node: str) -> None:
         """Drop any cached connection for ``node`` (after re-enrolment)."""
         ...

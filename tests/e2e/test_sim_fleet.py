@@ -220,3 +220,45 @@ async def test_drain_then_undrain_returns_a_node_to_service_even_after_power_off
     nodes = await harness.wait_all_ready()
     back = next(n for n in nodes if n.name == "h200-n02")
     assert back.power == types_pb2.POWER_STATE_ON and back.agent_connected
+
+
+def force_off_behind_kilns_back(fleet: SimFleet, name: str) -> None:
+    """Power a node off at its BMC directly, as someone at the rack might."""
+    import base64
+    import json
+    import urllib.request
+
+    uuid = next(s.system_uuid for s in fleet.specs if s.name == name)
+    url = f"{fleet.emulator.base_url}/redfish/v1/Systems/{uuid}/Actions/ComputerSystem.Reset"
+    token = base64.b64encode(f"{SIM_USERNAME}:{SIM_PASSWORD}".encode()).decode()
+    req = urllib.request.Request(
+        url,
+        data=json.dumps({"ResetType": "ForceOff"}).encode(),
+        method="POST",
+        headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:  # loopback only
+        assert resp.status in (200, 202, 204)
+
+
+async def test_power_sync_notices_a_node_powered_off_outside_kiln(harness: Harness) -> None:
+    nodes = await harness.wait_all_ready()
+    assert all(n.bmc_health == "ok" for n in nodes)
+    alloc = await harness.stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(
+            key="job", spec=fleet_pb2.AllocationSpec(nodes=1, gpu_model="H200")
+        )
+    )
+    victim = alloc.nodes[0]
+    await asyncio.to_thread(force_off_behind_kilns_back, harness.fleet, victim)
+    assert harness.server.fleet is not None
+    drifted = await harness.server.fleet.power_sync.run_once()
+    assert drifted == [victim]
+    node = await harness.stub.GetNode(fleet_pb2.GetNodeRequest(name=victim))
+    assert node.power == types_pb2.POWER_STATE_OFF
+    events = harness.stub.WatchEvents(fleet_pb2.WatchEventsRequest(allocation=alloc.id))
+    seen = [(e.kind, e.node) async for e in events]
+    assert ("node.drift", victim) in seen and ("allocation.notice", victim) in seen
+    assert await harness.server.fleet.power_sync.run_once() == [victim], "still drifted"
+    again = harness.stub.WatchEvents(fleet_pb2.WatchEventsRequest(allocation=alloc.id))
+    assert [e.kind async for e in again].count("node.drift") == 1, "told once, not every pass"
