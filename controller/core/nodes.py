@@ -150,6 +150,8 @@ class Nodes:
         url = self._bmc.canonical_url(spec.bmc_url)
         if not spec.username:
             raise InvalidArgument("a BMC username is required")
+        if url.startswith("ipmi://") and len(spec.password.encode()) > 20:
+            raise InvalidArgument("IPMI 2.0 passwords are at most 20 bytes; this one is longer")
 
         def write(session: Session) -> None:
             existing = session.get(NodeRow, spec.name)

@@ -163,3 +163,17 @@ def test_unknown_allocation_is_not_found(stub: fleet_pb2_grpc.FleetServiceStub) 
     with pytest.raises(grpc.RpcError) as err:
         stub.GetAllocation(fleet_pb2.GetAllocationRequest(id="alloc-nope"))
     assert code_of(err.value) == grpc.StatusCode.NOT_FOUND
+
+
+def test_ipmi_password_longer_than_the_protocol_allows_is_refused(
+    stub: fleet_pb2_grpc.FleetServiceStub,
+) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        stub.EnrollNode(
+            fleet_pb2.EnrollNodeRequest(
+                name="i1", bmc_url="ipmi://127.0.0.1:623", username="admin", password="x" * 21
+            )
+        )
+    assert code_of(err.value) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "20 bytes" in err.value.details()  # type: ignore[attr-defined]
+    assert "x" * 21 not in err.value.details()  # type: ignore[attr-defined]
