@@ -64,7 +64,10 @@ class PoolGateway:
         return versions
 
     async def firmware_update(self, target: BmcTarget, image_url: str, component: str) -> None:
-        await self._bmc(target).firmware.update(image_url, [component] if component else None)
+        bmc = self._bmc(target)
+        found = [c for c in await bmc.firmware.inventory() if component in (c.id, c.name)]
+        targets = [found[0].target] if found and found[0].target else None
+        await bmc.firmware.update(image_url, targets)
 
     async def bios_attributes(self, target: BmcTarget) -> dict[str, object]:
         return dict(await self._bmc(target).bios.attributes())

@@ -323,9 +323,15 @@ class RedfishDriver:
                 bios_version = self._sys().bios_version
                 if not bios_version:
                     raise NotSupported("firmware inventory") from e
-                return [FirmwareComponent(id="BIOS", name="BIOS", version=str(bios_version))]
+                return [
+                    FirmwareComponent(
+                        id="BIOS", name="BIOS", version=str(bios_version), target=self._sys().path
+                    )
+                ]
             return [
-                FirmwareComponent(id=m.identity, name=m.name or m.identity, version=m.version or "")
+                FirmwareComponent(
+                    id=m.identity, name=m.name or m.identity, version=m.version or "", target=m.path
+                )
                 for m in members
             ]
 

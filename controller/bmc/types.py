@@ -76,6 +76,7 @@ class FirmwareComponent:
     id: str
     name: str
     version: str
+    target: str = ""  # the URI an update of this component names (Redfish SimpleUpdate)
 
 
 @dataclass(frozen=True)

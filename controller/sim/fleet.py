@@ -91,13 +91,18 @@ class SimFleet:
         *,
         power_delay: bool = False,
         watch_interval: float = 1.0,
+        bmc_backend: str = "fake",
     ) -> None:
+        """``bmc_backend="libvirt-test"`` serves BIOS and firmware update too (it
+        needs libvirt-python); the default fake driver serves power, boot,
+        virtual media and sensors."""
         self.specs = list(specs)
         self.emulator = RedfishEmulator(
             [SimSystem(name=s.name, uuid=s.system_uuid, power_state="Off") for s in specs],
             power_delay=power_delay,
             username=SIM_USERNAME,
             password=SIM_PASSWORD,
+            backend=bmc_backend,
         )
         self.nodes = {
             s.name: SimNode(
