@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 
 import pynvml
 
@@ -91,19 +91,24 @@ def test_event_set_recreated_after_reboot(h200: FakeNvml) -> None:
 
 
 async def test_asample_does_not_block_the_loop(h200: FakeNvml) -> None:
+    """NVML calls run off the loop: a call held inside NVML is released by a
+    coroutine on the loop, which could never run if the call blocked it."""
     sampler = HealthSampler(h200)
-    ticks = 0
+    release = threading.Event()
+    entered = threading.Event()
+    original = h200.nvmlDeviceGetPowerUsage
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
+    def held(handle: object) -> int:
+        entered.set()
+        assert release.wait(timeout=5), "the event loop never ran while NVML was busy"
+        return int(original(handle))
 
-    task = asyncio.create_task(ticker())
-    t0 = time.monotonic()
-    health = await asyncio.gather(*(sampler.asample() for _ in range(5)))
-    task.cancel()
-    assert len(health) == 5 and all(len(h.gpus) == 8 for h in health)
-    assert ticks > 5 and time.monotonic() - t0 < 5
+    h200.nvmlDeviceGetPowerUsage = held  # type: ignore[method-assign]
+    sample = asyncio.create_task(sampler.asample())
+    while not entered.is_set():  # noqa: ASYNC110 (a thread sets it)
+        await asyncio.sleep(0.01)  # the loop keeps running while the sample is inside NVML
+    assert not sample.done()
+    release.set()
+    health = await sample
+    assert len(health.gpus) == 8
     sampler.close()
