@@ -24,15 +24,20 @@ class EventKind(StrEnum):
     """Kinds Kiln emits today. ``Event.kind`` is a plain string so that new
     kinds never break old consumers; they should ignore kinds they don't know."""
 
+    NODE_ENROLLED = "node.enrolled"
     NODE_TRANSITION = "node.transition"
     NODE_POWER = "node.power"
+    NODE_AGENT = "node.agent"
     NODE_DRIFT = "node.drift"
-    NODE_HEALTH = "node.health"
     ALLOCATION_CREATED = "allocation.created"
-    ALLOCATION_READY = "allocation.ready"
-    ALLOCATION_RELEASED = "allocation.released"
-    ALLOCATION_NODE_REPLACED = "allocation.node_replaced"
     ALLOCATION_WAITING = "allocation.waiting"
+    ALLOCATION_PREPARING = "allocation.preparing"
+    ALLOCATION_READY = "allocation.ready"
+    ALLOCATION_FAILED = "allocation.failed"
+    ALLOCATION_NOTICE = "allocation.notice"
+    ALLOCATION_NODE_REPLACED = "allocation.node_replaced"
+    ALLOCATION_DEGRADED = "allocation.degraded"
+    ALLOCATION_RELEASED = "allocation.released"
     POLICY_ACTION = "policy.action"
 
 

@@ -262,3 +262,48 @@ async def test_power_sync_notices_a_node_powered_off_outside_kiln(harness: Harne
     assert await harness.server.fleet.power_sync.run_once() == [victim], "still drifted"
     again = harness.stub.WatchEvents(fleet_pb2.WatchEventsRequest(allocation=alloc.id))
     assert [e.kind async for e in again].count("node.drift") == 1, "told once, not every pass"
+
+
+async def test_every_event_is_a_documented_kind_and_matches_the_schema(
+    harness: Harness,
+) -> None:
+    import json
+
+    import jsonschema
+
+    from controller.events.model import EVENT_SCHEMA, Event, EventKind
+
+    await harness.wait_all_ready()
+    alloc = await harness.stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(
+            key="k", spec=fleet_pb2.AllocationSpec(nodes=1, gpu_model="H200")
+        )
+    )
+    await harness.stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))
+    await harness.wait_all_ready()
+    events = [e async for e in harness.stub.WatchEvents(fleet_pb2.WatchEventsRequest())]
+    kinds = {e.kind for e in events}
+    assert kinds <= {k.value for k in EventKind}, kinds - {k.value for k in EventKind}
+    assert {
+        "node.enrolled",
+        "node.transition",
+        "node.power",
+        "node.agent",
+        "allocation.created",
+        "allocation.ready",
+        "allocation.released",
+    } <= kinds
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(set(seqs))
+    for e in events:
+        doc = Event(
+            seq=e.seq,
+            at=e.at,
+            kind=e.kind,
+            node=e.node or None,
+            allocation=e.allocation or None,
+            rule=e.rule or None,
+            reason=e.reason,
+            data=json.loads(e.data_json),
+        ).to_json()
+        jsonschema.validate(json.loads(doc), EVENT_SCHEMA)
