@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.sim.ports import free_port
+from controller.sim.process import terminate
 
 # chassis_control protocol: "get <parm>..." prints "<parm>:<value>" lines,
 # "set <parm> <value> [<parm> <value>...]" stores them.
@@ -256,13 +257,7 @@ class IpmiSim:
 
     async def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await terminate(proc)
         if self._log is not None:
             self._log.close()
             self._log = None

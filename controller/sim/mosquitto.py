@@ -21,6 +21,7 @@ from typing import IO, Self
 
 from controller.core.errors import FailedPrecondition, Unavailable
 from controller.sim.ports import free_port
+from controller.sim.process import terminate
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,7 @@ class Mosquitto:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=5.0)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await terminate(proc)
         log.info("mosquitto on %s:%s stopped", HOST, self.port)
 
     def log_tail(self, limit: int = 2000) -> str:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.sim.ports import free_port
+from controller.sim.process import terminate
 
 # The repository root, so the launcher module is importable in the child.
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -303,13 +304,7 @@ class RedfishEmulator:
 
     async def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await terminate(proc)
         if self._log is not None:
             self._log.close()
             self._log = None
