@@ -54,7 +54,11 @@ class PoolGateway:
 
     async def thermal_c(self, target: BmcTarget) -> list[float]:
         readings = await self._bmc(target).sensors.readings()
-        return [t.value for t in readings.temperatures if t.value is not None]
+        temps = [t for t in readings.temperatures if t.value is not None]
+        # Prefer the GPUs' own sensors so a hot CPU or intake never trips a GPU
+        # rule; a BMC that names none of its sensors after the GPUs gives all.
+        gpus = [t for t in temps if "gpu" in t.name.lower()]
+        return [t.value for t in (gpus or temps) if t.value is not None]
 
     async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
         versions: dict[str, str] = {}
