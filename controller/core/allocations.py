@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -160,6 +160,9 @@ class Allocations:
         self._nodes = nodes
         self._queues = tuple(queues)
         self._lock = asyncio.Lock()
+        self._topology: Topology | None = None
+        self._topology_key: tuple[NodeSpec, ...] = ()
+        self._generation = 0
 
     async def get(self, ident: str) -> AllocationInfo:
         def query(session: Session) -> AllocationInfo:
@@ -182,10 +185,20 @@ class Allocations:
 
         return await self._db.read(query)
 
+    def _snapshot(self, specs: Iterable[NodeSpec]) -> Topology:
+        """The topology for ``specs``: the cached snapshot while the inventory
+        is unchanged, a new generation when anything about a node changed."""
+        key = tuple(sorted(specs, key=lambda n: n.name))
+        if self._topology is None or key != self._topology_key:
+            self._generation += 1
+            self._topology = Topology.build(key, generation=self._generation)
+            self._topology_key = key
+        return self._topology
+
     async def topology(self) -> Topology:
         """The current snapshot of the fleet's topology (for exports)."""
         rows = await self._nodes.rows()
-        return Topology.build(node_spec(r, self._nodes.usable(r)) for r in rows)
+        return self._snapshot(node_spec(r, self._nodes.usable(r)) for r in rows)
 
     async def create(self, key: str, spec: AllocationSpec) -> AllocationInfo:
         """Queue a gang request and try to place it at once.
@@ -314,7 +327,7 @@ class Allocations:
             rows, active, pending = await self._db.read(self._load)
             if not pending:
                 return
-            topology = Topology.build(node_spec(r, self._nodes.usable(r)) for r in rows)
+            topology = self._snapshot(node_spec(r, self._nodes.usable(r)) for r in rows)
             gpus = {r.name: r.gpu_count for r in rows}
             usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
             result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
