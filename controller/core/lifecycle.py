@@ -45,6 +45,17 @@ log = logging.getLogger(__name__)
 S = NodeState
 
 
+def wanted_profile(row: NodeRow) -> str:
+    """The profile a node must be prepared to now.
+
+    An allocation that names a profile asks for it through the node's
+    operation; otherwise the node goes to its own baseline profile.
+    """
+    if row.operation.startswith(FOR_ALLOCATION):
+        return row.operation.removeprefix(FOR_ALLOCATION)
+    return row.profile
+
+
 class Lifecycle:
     def __init__(
         self,
@@ -161,13 +172,7 @@ class Lifecycle:
         if not self._agents.is_connected(row.name):
             await self._note(row.name, "waiting for the node's agent to prepare the GPUs")
             return False
-        # An allocation that names a profile asks for it through the node's
-        # operation; otherwise the node goes to its own baseline profile.
-        profile_name = (
-            row.operation.removeprefix(FOR_ALLOCATION)
-            if row.operation.startswith(FOR_ALLOCATION)
-            else row.profile
-        )
+        profile_name = wanted_profile(row)
         async with self._preparer.preparing.slot(row.rack or row.name):
             return await self._prepare_to(row, profile_name)
 
@@ -202,6 +207,11 @@ class Lifecycle:
         def write(session: Session) -> bool:
             node = load_node(session, row.name)
             node.applied_profile = profile_name
+            session.add(node)
+            if wanted_profile(node) != profile_name:
+                # Released (or booked anew) while the agent worked: these GPUs
+                # are not what the node needs now; the next pass prepares again.
+                return False
             if node.operation.startswith(FOR_ALLOCATION):
                 node.operation = ""
             session.add(node)

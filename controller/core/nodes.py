@@ -209,7 +209,13 @@ class Nodes:
             row.drained = False
             session.add(row)
             if row.state == NodeState.DRAINING and row.allocation_id:
-                row.state = NodeState.ALLOCATED.value
+                # Drained before it was prepared for its allocation: resume the
+                # preparation, or the allocation would never be handed over.
+                from controller.core.allocations import FOR_ALLOCATION  # import cycle
+
+                preparing = row.operation.startswith(FOR_ALLOCATION)
+                back = NodeState.PREPARING if preparing else NodeState.ALLOCATED
+                row.state = back.value
                 row.state_reason = "undrained"
                 record(
                     session,
@@ -217,7 +223,7 @@ class Nodes:
                     node=name,
                     reason="undrained",
                     from_state="draining",
-                    to_state="allocated",
+                    to_state=back.value,
                 )
             elif row.state in (NodeState.DRAINING, *OUT_OF_SERVICE):
                 if row.state == NodeState.DRAINING:
