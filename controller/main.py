@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds between power-state sync passes over every BMC",
     )
+    p.add_argument(
+        "--reconcile-interval",
+        type=float,
+        default=1.0,
+        help="seconds between lifecycle passes over every node",
+    )
     p.add_argument("--mqtt", default=None, help="HOST:PORT of the MQTT broker for events")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -90,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         sample_interval=args.sample_interval,
         rules_file=args.rules,
         mqtt=args.mqtt,
+        power_sync_interval=args.power_sync_interval,
+        reconcile_interval=args.reconcile_interval,
     )
     try:
         asyncio.run(serve(config))

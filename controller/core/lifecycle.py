@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 S = NodeState
 
+# Drains that end a node's service: its job gets a replacement at once.
+FAILED = frozenset({NodeState.QUARANTINED.value, NodeState.POWERED_OFF.value})
+
 
 def wanted_profile(row: NodeRow) -> str:
     """The profile a node must be prepared to now.
@@ -149,6 +152,11 @@ class Lifecycle:
             return await self._prepare(row)
         if state == S.RELEASING:
             return await self._release(row)
+        if state == S.DRAINING and row.allocation_id and row.operation in FAILED:
+            # A failed node still held by its job (a restart came between the
+            # failure and its replacement): replace it now. Idempotent.
+            await self._on_node_failed(row.name, row.state_reason or "node failed")
+            return False
         if state == S.DRAINING and not row.allocation_id:
             await self._gpu_command(row.name, AgentCommand("reset_gpus"), best_effort=True)
             target = S(row.operation) if row.operation in {s.value for s in S} else S.MAINTENANCE
