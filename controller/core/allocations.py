@@ -31,7 +31,7 @@ from controller.core.errors import (
 from controller.core.eventlog import record
 from controller.core.model import AllocationInfo, AllocationSpec
 from controller.core.nodes import Nodes, validate_name
-from controller.core.states import NodeState
+from controller.core.states import FOR_ALLOCATION, NodeState
 from controller.core.transitions import move
 from controller.placement import (
     Booking,
@@ -53,8 +53,6 @@ from controller.store.models import AllocationRow, NodeRow
 log = logging.getLogger(__name__)
 
 ACTIVE = ("preparing", "ready")
-# A node's ``operation`` while it is prepared to an allocation's profile.
-FOR_ALLOCATION = "profile:"
 LEVELS = {level.value for level in Level}
 
 

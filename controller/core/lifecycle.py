@@ -28,14 +28,14 @@ from collections.abc import Awaitable, Callable
 from sqlmodel import Session
 
 from controller.core.agents import AgentHub
-from controller.core.allocations import FOR_ALLOCATION, mark_ready_if_prepared
+from controller.core.allocations import mark_ready_if_prepared
 from controller.core.errors import KilnError
 from controller.core.model import AgentCommand
 from controller.core.nodes import Nodes, bmc_target
 from controller.core.ports import BmcGateway
 from controller.core.preparation import PreparationFailed, Preparer, gate_problems
 from controller.core.profiles import HealthGate, ProfileCatalog
-from controller.core.states import NodeState
+from controller.core.states import FOR_ALLOCATION, NodeState
 from controller.core.transitions import load_node, move
 from controller.store.database import Database
 from controller.store.models import NodeRow

@@ -26,7 +26,7 @@ from controller.core.model import (
     short_gpu_model,
 )
 from controller.core.ports import BmcGateway
-from controller.core.states import OUT_OF_SERVICE, NodeState
+from controller.core.states import FOR_ALLOCATION, OUT_OF_SERVICE, NodeState
 from controller.core.transitions import load_node, move
 from controller.store.database import Database
 from controller.store.models import GpuRow, NodeRow
@@ -211,8 +211,6 @@ class Nodes:
             if row.state == NodeState.DRAINING and row.allocation_id:
                 # Drained before it was prepared for its allocation: resume the
                 # preparation, or the allocation would never be handed over.
-                from controller.core.allocations import FOR_ALLOCATION  # import cycle
-
                 preparing = row.operation.startswith(FOR_ALLOCATION)
                 back = NodeState.PREPARING if preparing else NodeState.ALLOCATED
                 row.state = back.value

@@ -34,6 +34,10 @@ TRANSITIONAL = frozenset({S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING})
 
 OUT_OF_SERVICE = frozenset({S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE})
 
+# A node's ``operation`` while it is prepared to an allocation's profile:
+# FOR_ALLOCATION + the profile's name.
+FOR_ALLOCATION = "profile:"
+
 ALLOWED: dict[NodeState, frozenset[NodeState]] = {
     S.ENROLLED: frozenset({S.INSPECTING}),
     S.INSPECTING: frozenset({S.PREPARING, S.ENROLLED}),
