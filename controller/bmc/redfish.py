@@ -148,7 +148,7 @@ class RedfishDriver:
                 raise BmcTlsError(host=host, reason=_short(_tls_reason(text))) from e
             if "timed out" in text.lower() or "timeout" in text.lower():
                 raise BmcTimeout(host=host, operation=operation, seconds=self._timeout) from e
-            raise BmcUnreachable(host=host, reason=_short(text)) from e
+            raise BmcUnreachable(host=host, reason=_short(_connection_reason(text))) from e
         except (sushy_exc.MissingAttributeError, sushy_exc.MissingActionError) as e:
             raise NotSupported(operation) from e
         except sushy_exc.InvalidParameterValueError as e:
@@ -477,6 +477,23 @@ def _tls_reason(text: str) -> str:
     marker = "certificate verify failed"
     index = text.find(marker)
     return text[index:].split("'")[0].rstrip(")") if index >= 0 else text
+
+
+_CONNECTION_CAUSES = (
+    "Connection refused",
+    "Connection reset",
+    "No route to host",
+    "Network is unreachable",
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "Remote end closed connection without response",
+)
+
+
+def _connection_reason(text: str) -> str:
+    """The root cause of a requests connection error ("Connection refused"),
+    not the whole urllib3 chain; the chain itself when no cause is known."""
+    return next((cause.lower() for cause in _CONNECTION_CAUSES if cause in text), text)
 
 
 def _short(text: str, limit: int = 200) -> str:
