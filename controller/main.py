@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds between lifecycle passes over every node",
     )
+    p.add_argument(
+        "--secret-key-file",
+        type=Path,
+        default=None,
+        help="key that seals BMC passwords in the database (default: "
+        "STATE_DIR/secret.key, created on first start; share it between "
+        "controllers on one PostgreSQL database)",
+    )
     p.add_argument("--mqtt", default=None, help="HOST:PORT of the MQTT broker for events")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -98,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         mqtt=args.mqtt,
         power_sync_interval=args.power_sync_interval,
         reconcile_interval=args.reconcile_interval,
+        secret_key_file=args.secret_key_file,
     )
     try:
         asyncio.run(serve(config))

@@ -33,6 +33,7 @@ from controller.policies import RuleSet, load_rules_file
 from controller.store.database import Database
 from controller.store.db import default_sqlite_url, open_engine
 from controller.store.outbox import StoreOutbox
+from controller.store.secrets import SecretBox
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class ControllerConfig:
     rules_file: Path | None = None
     mqtt: str | None = None  # HOST:PORT of the MQTT broker events go to
     power_sync_interval: float = 60.0
+    secret_key_file: Path | None = None  # None: secret.key in the state directory
 
 
 class ControllerServer:
@@ -74,14 +76,15 @@ class ControllerServer:
         self.publisher: MqttPublisher | None = None
         self._publisher_task: asyncio.Task[None] | None = None
 
-    def _db_url(self) -> str:
-        if self.config.db_url:
-            return self.config.db_url
-        state_dir = self.config.state_dir
-        if state_dir is None:
+    def _state_dir(self) -> Path:
+        if self.config.state_dir is not None:
+            return self.config.state_dir
+        if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="kiln-")
-            state_dir = Path(self._tmp.name)
-        return default_sqlite_url(state_dir)
+        return Path(self._tmp.name)
+
+    def _db_url(self) -> str:
+        return self.config.db_url or default_sqlite_url(self._state_dir())
 
     async def start(self) -> str:
         """Open the store, start the services and listen; returns HOST:PORT."""
@@ -103,6 +106,9 @@ class ControllerServer:
             sample_interval=cfg.sample_interval,
             rules=rules,
             power_sync_interval=cfg.power_sync_interval,
+            secrets=SecretBox.from_key_file(
+                cfg.secret_key_file or self._state_dir() / "secret.key"
+            ),
         )
         if cfg.mqtt:
             host, _, port = cfg.mqtt.rpartition(":")

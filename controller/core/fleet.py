@@ -12,6 +12,8 @@ import logging
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
+from cryptography.fernet import Fernet
+
 from controller.core.agents import AgentHub, AgentSession
 from controller.core.allocations import Allocations
 from controller.core.errors import InvalidArgument
@@ -26,6 +28,7 @@ from controller.core.profiles import ProfileCatalog
 from controller.placement import QueueConfig
 from controller.policies import PolicyEngine, RuleSet, load_default_rules
 from controller.store.database import Database
+from controller.store.secrets import SecretBox
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +45,14 @@ class Fleet:
         sample_interval: float = 5.0,
         rules: RuleSet | None = None,
         power_sync_interval: float = 60.0,
+        secrets: SecretBox | None = None,
     ) -> None:
         self.db = db
         self.bmc = bmc
         self.profiles = profiles or ProfileCatalog()
         self.agents = AgentHub()
         self.events = EventLog(db)
-        self.nodes = Nodes(db, bmc, self.agents)
+        self.nodes = Nodes(db, bmc, self.agents, secrets or SecretBox(Fernet.generate_key()))
         self.allocations = Allocations(db, self.nodes, queues=queues)
         self.lifecycle = Lifecycle(
             db,

@@ -24,7 +24,7 @@ from sqlmodel import Session
 from controller.core.agents import AgentHub
 from controller.core.errors import KilnError
 from controller.core.eventlog import record
-from controller.core.nodes import Nodes, bmc_target
+from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway
 from controller.core.states import OUT_OF_SERVICE, NodeState
 from controller.core.transitions import load_node, move
@@ -166,7 +166,7 @@ class PolicyRunner:
                 continue
             self._last_bmc_sample[row.name] = now
             try:
-                temps = await self._bmc.thermal_c(bmc_target(row))
+                temps = await self._bmc.thermal_c(self._nodes.target(row))
             except KilnError as e:
                 log.info("node %s: agent silent and BMC thermal unreadable: %s", row.name, e)
                 continue

@@ -31,7 +31,7 @@ from controller.core.agents import AgentHub
 from controller.core.allocations import mark_ready_if_prepared
 from controller.core.errors import KilnError
 from controller.core.model import AgentCommand
-from controller.core.nodes import Nodes, bmc_target
+from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway
 from controller.core.preparation import PreparationFailed, Preparer, gate_problems
 from controller.core.profiles import HealthGate, ProfileCatalog
@@ -164,7 +164,7 @@ class Lifecycle:
         return False
 
     async def _inspect(self, row: NodeRow) -> bool:
-        target = bmc_target(row)
+        target = self._nodes.target(row)
         power = await self._bmc.power_state(target)
         if power == "off" and row.expected_power != "off":
             await self._nodes.power(row.name, "on")
@@ -190,7 +190,7 @@ class Lifecycle:
         try:
             if profile is not None and (profile.firmware or profile.bios):
                 changed = await self._preparer.bmc_steps(
-                    bmc_target(row), row.rack or row.name, profile
+                    self._nodes.target(row), row.rack or row.name, profile
                 )
             if profile is not None:
                 command = AgentCommand("apply_profile", profile.gpu_yaml())

@@ -30,6 +30,7 @@ from controller.core.states import FOR_ALLOCATION, OUT_OF_SERVICE, NodeState
 from controller.core.transitions import load_node, move
 from controller.store.database import Database
 from controller.store.models import GpuRow, NodeRow
+from controller.store.secrets import SecretBox
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +45,23 @@ def validate_name(kind: str, name: str) -> None:
         )
 
 
-def bmc_target(row: NodeRow) -> BmcTarget:
-    return BmcTarget(
-        node=row.name,
-        url=row.bmc_url,
-        username=row.bmc_username,
-        password=row.bmc_password,
-        insecure=row.bmc_insecure,
-        ca_bundle=row.bmc_ca_bundle,
-    )
-
-
 class Nodes:
-    def __init__(self, db: Database, bmc: BmcGateway, agents: AgentHub) -> None:
+    def __init__(self, db: Database, bmc: BmcGateway, agents: AgentHub, secrets: SecretBox) -> None:
         self._db = db
         self._bmc = bmc
         self._agents = agents
+        self._secrets = secrets
+
+    def target(self, row: NodeRow) -> BmcTarget:
+        """How to reach the node's BMC, with its password unsealed."""
+        return BmcTarget(
+            node=row.name,
+            url=row.bmc_url,
+            username=row.bmc_username,
+            password=self._secrets.open(row.bmc_password),
+            insecure=row.bmc_insecure,
+            ca_bundle=row.bmc_ca_bundle,
+        )
 
     # -- queries -------------------------------------------------------------
 
@@ -178,7 +180,7 @@ class Nodes:
                     spine=spec.spine,
                     bmc_url=url,
                     bmc_username=spec.username,
-                    bmc_password=spec.password,
+                    bmc_password=self._secrets.seal(spec.password),
                     bmc_insecure=spec.insecure,
                     bmc_ca_bundle=spec.ca_bundle,
                     profile=spec.profile,
@@ -245,7 +247,7 @@ class Nodes:
         if action not in POWER_ACTIONS:
             raise InvalidArgument(f"unknown power action {action!r}; use one of {POWER_ACTIONS}")
         row = await self._db.read(lambda s: load_node(s, name))
-        target = bmc_target(row)
+        target = self.target(row)
         try:
             if action == "status":
                 state = await self._bmc.power_state(target)

@@ -17,7 +17,7 @@ import time
 from sqlmodel import Session
 
 from controller.core.eventlog import record
-from controller.core.nodes import Nodes, bmc_target
+from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway
 from controller.core.states import NodeState
 from controller.store.database import Database
@@ -95,7 +95,7 @@ class PowerSync:
         """Poll every BMC once; returns the nodes whose power is not as expected."""
         started = time.monotonic()
         rows = await self._nodes.rows()
-        polled = await self._bmc.poll_power([bmc_target(r) for r in rows], self.concurrency)
+        polled = await self._bmc.poll_power([self._nodes.target(r) for r in rows], self.concurrency)
         drifted = await self._db.tx(lambda s: self._apply(s, polled))
         self.last_pass_seconds = time.monotonic() - started
         log.info(
