@@ -101,9 +101,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def UndrainNode(
         self, request: fleet_pb2.UndrainNodeRequest, context: Ctx
     ) -> fleet_pb2.Node:
-        node = await self._fleet.nodes.undrain(request.name)
-        self._fleet.lifecycle.wake()
-        return convert.node_pb(node)
+        return convert.node_pb(await self._fleet.undrain(request.name))
 
     @unary
     async def ListRacks(

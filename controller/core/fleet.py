@@ -20,7 +20,7 @@ from controller.core.errors import InvalidArgument
 from controller.core.eventlog import EventLog
 from controller.core.health_policy import PolicyRunner
 from controller.core.lifecycle import Lifecycle
-from controller.core.model import AgentCommand, CommandOutcome, GpuInfo
+from controller.core.model import AgentCommand, CommandOutcome, GpuInfo, NodeInfo
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway
 from controller.core.power_sync import PowerSync
@@ -124,6 +124,13 @@ class Fleet:
         rack = await self.nodes.agent_health(node, health)
         if rack is not None:
             await self.policies.observe(node, rack, health)
+
+    async def undrain(self, node: str) -> NodeInfo:
+        """Return a node to service; its health episodes start afresh."""
+        info = await self.nodes.undrain(node)
+        self.policies.forget(node)
+        self.lifecycle.wake()
+        return info
 
     async def inject_fault(self, node: str, fault_json: str) -> CommandOutcome:
         """Forward a fault to a simulated node's fake NVML (simulated fleets only)."""

@@ -175,6 +175,11 @@ class PolicyRunner:
             )
             self._dispatch(self.engine.observe(sample))
 
+    def forget(self, node: str) -> None:
+        """Forget ``node``'s health history (back from repair, or removed)."""
+        self.engine.forget(node)
+        self._last_bmc_sample.pop(node, None)
+
     def _dispatch(self, actions: list[Action]) -> None:
         """Carry actions out in the background, in order per node, so a slow BMC
         never holds up an agent's report stream or another node's actions."""
