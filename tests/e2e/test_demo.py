@@ -26,3 +26,58 @@ async def test_demo_runs_end_to_end_with_the_thermal_scenario() -> None:
     assert "lifecycle   ready 20" in text
     assert "allocation.notice" in text and "allocation.node_replaced" in text
     assert "PowerState=Off" in text
+
+
+def test_demo_serve_keeps_the_fleet_up_for_the_cli() -> None:
+    import json
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "controller.cli.main",
+            "demo",
+            "--serve",
+            "--racks",
+            "1",
+            "--hgx",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        address = ""
+        deadline = time.monotonic() + 120
+        while not address and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "demo exited before serving"
+            match = re.fullmatch(r"127\.0\.0\.1:\d+", line.strip())
+            address = match.group(0) if match else ""
+        assert address, "demo --serve never printed its address"
+        listed = subprocess.run(
+            [sys.executable, "-m", "controller.cli.main", "-o", "json", "nodes", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "KILN_CONTROLLER": address},
+        )
+        assert listed.returncode == 0, listed.stderr
+        nodes = json.loads(listed.stdout)["nodes"]
+        assert len(nodes) == 19 and all(n["state"] == "NODE_STATE_READY" for n in nodes)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, rest
+        assert "Traceback" not in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
