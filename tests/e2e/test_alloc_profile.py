@@ -3,8 +3,6 @@ and its release resets the GPUs to defaults."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,11 +10,12 @@ import grpc
 import pynvml
 import pytest
 import yaml
+from fleet_waits import wait_all_ready, wait_allocation
 
 from controller.core.profiles import ProfileCatalog, parse_profile
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
-from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc
 
 PROFILE = """
 version: v1
@@ -68,28 +67,6 @@ async def env(
         await server.stop()
 
 
-async def until(
-    stub: fleet_pb2_grpc.FleetServiceStub, ident: str, state: int
-) -> fleet_pb2.Allocation:
-    deadline = time.monotonic() + 30
-    while True:
-        alloc = await stub.GetAllocation(fleet_pb2.GetAllocationRequest(id=ident))
-        if alloc.state == state:
-            return alloc
-        assert time.monotonic() < deadline, f"{alloc.state}: {alloc.reason}"
-        await asyncio.sleep(0.2)
-
-
-async def all_ready(stub: fleet_pb2_grpc.FleetServiceStub) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        nodes = (await stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes
-        if nodes and all(n.state == types_pb2.NODE_STATE_READY and n.schedulable for n in nodes):
-            return
-        assert time.monotonic() < deadline, [(n.name, n.state, n.state_reason) for n in nodes]
-        await asyncio.sleep(0.2)
-
-
 def power_limit_w(nvml: object, index: int) -> float:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
     return float(nvml.nvmlDeviceGetPowerManagementLimit(handle)) / 1000  # type: ignore[attr-defined]
@@ -104,7 +81,7 @@ async def test_profile_is_applied_before_hand_off_and_reset_after_release(
     env: tuple[fleet_pb2_grpc.FleetServiceStub, SimFleet],
 ) -> None:
     stub, fleet = env
-    await all_ready(stub)
+    await wait_all_ready(stub)
     nvml = fleet.nodes["h200-n01"].nvml
     assert power_limit_w(nvml, 0) == 700 and persistence(nvml, 0) == pynvml.NVML_FEATURE_DISABLED
 
@@ -115,7 +92,7 @@ async def test_profile_is_applied_before_hand_off_and_reset_after_release(
         )
     )
     assert alloc.state in (fleet_pb2.ALLOCATION_STATE_PREPARING, fleet_pb2.ALLOCATION_STATE_READY)
-    ready = await until(stub, alloc.id, fleet_pb2.ALLOCATION_STATE_READY)
+    ready = await wait_allocation(stub, alloc.id, fleet_pb2.ALLOCATION_STATE_READY)
     assert sorted(ready.nodes) == ["h200-n01", "h200-n02"]
     for name in ready.nodes:
         gpus = fleet.nodes[name].nvml
@@ -134,7 +111,7 @@ async def test_profile_is_applied_before_hand_off_and_reset_after_release(
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
     await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))
-    await all_ready(stub)
+    await wait_all_ready(stub)
     for name in ready.nodes:
         gpus = fleet.nodes[name].nvml
         assert all(power_limit_w(gpus, i) == 700 for i in range(8)), "default power limit"

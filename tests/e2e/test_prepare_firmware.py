@@ -5,9 +5,7 @@ ready. A baseline the BMC cannot reach quarantines the node with the reason."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import grpc
 import pytest
 import yaml
 from bmc_peers import redfishtool_system
+from fleet_waits import wait_node_state
 
 from controller.core.profiles import ProfileCatalog, parse_profile
 from controller.server import ControllerConfig, ControllerServer
@@ -68,18 +67,6 @@ async def env(tmp_path: Path) -> AsyncIterator[tuple[fleet_pb2_grpc.FleetService
         await server.stop()
 
 
-async def wait_state(
-    stub: fleet_pb2_grpc.FleetServiceStub, name: str, state: int
-) -> fleet_pb2.Node:
-    deadline = time.monotonic() + 60
-    while True:
-        node = await stub.GetNode(fleet_pb2.GetNodeRequest(name=name))
-        if node.state == state:
-            return node
-        assert time.monotonic() < deadline, f"{name}: {node.state} {node.state_reason}"
-        await asyncio.sleep(0.2)
-
-
 async def test_firmware_and_bios_reach_the_baseline_before_the_node_is_ready(
     env: tuple[fleet_pb2_grpc.FleetServiceStub, SimFleet],
 ) -> None:
@@ -96,7 +83,7 @@ async def test_firmware_and_bios_reach_the_baseline_before_the_node_is_ready(
             profile="pinned",
         )
     )
-    node = await wait_state(stub, "h200-n01", types_pb2.NODE_STATE_READY)
+    node = await wait_node_state(stub, "h200-n01", types_pb2.NODE_STATE_READY)
     assert node.state_reason == "prepared to pinned"
     after = await redfishtool_system(fleet.emulator, "h200-n01", SIM_USERNAME, SIM_PASSWORD)
     assert after["BiosVersion"] == "1.1.0", "updated through UpdateService and verified"
@@ -125,7 +112,7 @@ async def test_unreachable_baseline_quarantines_with_the_reason(
             profile="impossible",
         )
     )
-    node = await wait_state(stub, "h200-n02", types_pb2.NODE_STATE_QUARANTINED)
+    node = await wait_node_state(stub, "h200-n02", types_pb2.NODE_STATE_QUARANTINED)
     assert "cannot reach profile impossible" in node.state_reason
     assert "9.9.9" in node.state_reason
     assert not node.schedulable

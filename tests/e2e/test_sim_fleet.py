@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from fleet_waits import wait_all_ready, wait_allocation
 
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
@@ -30,31 +31,12 @@ class Harness:
         return list((await self.stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes)
 
     async def wait_all_ready(self, timeout: float = 60.0) -> list[fleet_pb2.Node]:
-        deadline = time.monotonic() + timeout
-        while True:
-            nodes = await self.nodes()
-            if nodes and all(n.state == READY and n.schedulable for n in nodes):
-                return nodes
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    "not ready: "
-                    + ", ".join(
-                        f"{n.name}={n.state}:{n.state_reason}" for n in nodes if n.state != READY
-                    )
-                )
-            await asyncio.sleep(0.2)
+        return await wait_all_ready(self.stub, timeout)
 
     async def wait_alloc(
         self, ident: str, state: int, timeout: float = 20.0
     ) -> fleet_pb2.Allocation:
-        deadline = time.monotonic() + timeout
-        while True:
-            alloc = await self.stub.GetAllocation(fleet_pb2.GetAllocationRequest(id=ident))
-            if alloc.state == state:
-                return alloc
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{ident} stuck in {alloc.state}: {alloc.reason}")
-            await asyncio.sleep(0.2)
+        return await wait_allocation(self.stub, ident, state, timeout)
 
 
 @pytest.fixture

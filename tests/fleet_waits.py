@@ -1,0 +1,69 @@
+"""Waiting on a live controller until the fleet or an allocation gets somewhere.
+
+Shared by the end-to-end tests; each wait fails with what it last saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
+
+Stub = fleet_pb2_grpc.FleetServiceStub
+
+
+async def wait_all_ready(stub: Stub, within: float = 60.0) -> list[fleet_pb2.Node]:
+    """Every enrolled node ready and schedulable."""
+    deadline = time.monotonic() + within
+    while True:
+        nodes = list((await stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes)
+        if nodes and all(n.state == types_pb2.NODE_STATE_READY and n.schedulable for n in nodes):
+            return nodes
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                "not ready: "
+                + ", ".join(
+                    f"{n.name}={types_pb2.NodeState.Name(n.state)}:{n.state_reason}"
+                    for n in nodes
+                    if n.state != types_pb2.NODE_STATE_READY or not n.schedulable
+                )
+            )
+        await asyncio.sleep(0.2)
+
+
+async def wait_node(
+    stub: Stub, name: str, check: Callable[[fleet_pb2.Node], bool], within: float = 60.0
+) -> fleet_pb2.Node:
+    deadline = time.monotonic() + within
+    while True:
+        node = await stub.GetNode(fleet_pb2.GetNodeRequest(name=name))
+        if check(node):
+            return node
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{name}: {types_pb2.NodeState.Name(node.state)} ({node.state_reason})"
+            )
+        await asyncio.sleep(0.2)
+
+
+async def wait_node_state(
+    stub: Stub, name: str, state: int, within: float = 60.0
+) -> fleet_pb2.Node:
+    return await wait_node(stub, name, lambda n: n.state == state, within)
+
+
+async def wait_allocation(
+    stub: Stub, ident: str, state: int, within: float = 30.0
+) -> fleet_pb2.Allocation:
+    deadline = time.monotonic() + within
+    while True:
+        alloc = await stub.GetAllocation(fleet_pb2.GetAllocationRequest(id=ident))
+        if alloc.state == state:
+            return alloc
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{ident}: {fleet_pb2.AllocationState.Name(alloc.state)} ({alloc.reason})"
+            )
+        await asyncio.sleep(0.2)
