@@ -32,6 +32,16 @@ log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
 DRIFT_CHECK_EVERY = 6  # sampling rounds
+# Answers that retrying soon cannot change (an unknown node, a certificate that
+# names another node): wait the longest backoff before dialling again.
+_REFUSED = frozenset(
+    {
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
 
 
 def gpu_pb(inventory: NodeInventory) -> list[types_pb2.Gpu]:
@@ -78,7 +88,11 @@ class Agent:
         hostname: str | None = None,
         metrics: AgentMetrics | None = None,
         backoff: tuple[float, float] = (0.5, 30.0),
+        channel_credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
+        """``channel_credentials``: dial over TLS with these (``agent.tls``);
+        None dials plaintext. Each agent carries its own, so a simulated fleet
+        can give every node its own certificate."""
         self.controller = controller
         self.node_name = node_name
         self.nvml = nvml
@@ -86,6 +100,7 @@ class Agent:
         self.hostname = hostname or socket.gethostname()
         self.metrics = metrics
         self._backoff = backoff
+        self._credentials = channel_credentials
         self._sampler = HealthSampler(nvml)
         # A simulated GPU can be reset (to activate a pending MIG mode); NVML
         # itself has no reset call, so on real GPUs a pending mode is reported.
@@ -116,7 +131,7 @@ class Agent:
                         e.code().name,
                         e.details(),
                     )
-                    if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                    if e.code() in _REFUSED:
                         delay = self._backoff[1]
                 except (OSError, ConnectionError) as e:
                     log.info("node %s: cannot reach controller: %s", self.node_name, e)
@@ -167,7 +182,7 @@ class Agent:
                     return
                 yield msg
 
-        async with grpc.aio.insecure_channel(self.controller) as channel:
+        async with self._channel() as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             call = stub.Connect(outgoing())
             tasks: set[asyncio.Task[None]] = set()
@@ -208,6 +223,11 @@ class Agent:
                 for t in [*tasks, *([sampler] if sampler else [])]:
                     t.cancel()
                 await outbox.put(None)
+
+    def _channel(self) -> grpc.aio.Channel:
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(self.controller)
+        return grpc.aio.secure_channel(self.controller, self._credentials)
 
     async def _sample_loop(
         self, outbox: asyncio.Queue[agent_pb2.AgentMessage | None], interval: float

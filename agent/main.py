@@ -8,10 +8,12 @@ import logging
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from agent.client import Agent
 from agent.metrics import AgentMetrics
 from agent.nvml import open_backend
+from agent.tls import channel_credentials
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,11 +42,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics (dcgm-exporter names) on this port",
     )
     p.add_argument("--metrics-host", default="127.0.0.1")
+    tls = p.add_argument_group("TLS", "dial the controller over TLS (default: plaintext)")
+    tls.add_argument(
+        "--tls-ca", type=Path, default=None, help="CA that signed the controller's certificate"
+    )
+    tls.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        help="this node's client certificate (CN or a DNS SAN = the node name)",
+    )
+    tls.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
 async def run(args: argparse.Namespace) -> None:
+    credentials = channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
     nvml = open_backend(
         args.nvml,
         node_name=args.node_name,
@@ -52,7 +66,14 @@ async def run(args: argparse.Namespace) -> None:
         clique_id=args.clique_id,
     )
     metrics = AgentMetrics(args.node_name) if args.metrics_port is not None else None
-    agent = Agent(args.controller, args.node_name, nvml, backend=args.nvml, metrics=metrics)
+    agent = Agent(
+        args.controller,
+        args.node_name,
+        nvml,
+        backend=args.nvml,
+        metrics=metrics,
+        channel_credentials=credentials,
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.stop()))

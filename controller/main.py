@@ -12,6 +12,7 @@ from pathlib import Path
 from controller.core.errors import KilnError
 from controller.core.queues import load_queues
 from controller.server import ControllerConfig, ControllerServer
+from controller.tls import server_credentials
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
         "controllers on one PostgreSQL database)",
     )
     p.add_argument("--mqtt", default=None, help="HOST:PORT of the MQTT broker for events")
+    tls = p.add_argument_group(
+        "TLS", "serve gRPC over TLS (default: plaintext); see README, Securing the agent stream"
+    )
+    tls.add_argument("--tls-cert", type=Path, default=None, help="server certificate (PEM)")
+    tls.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    tls.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        default=None,
+        help="require client certificates signed by this CA (mutual TLS); an agent's "
+        "certificate must name its node (CN or DNS SAN)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -92,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         queues = load_queues(args.queues) if args.queues else []
+        server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)  # fail fast
     except KilnError as e:
         print(f"kiln-controller: error: {e}", file=sys.stderr)
         return 2
@@ -107,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         power_sync_interval=args.power_sync_interval,
         reconcile_interval=args.reconcile_interval,
         secret_key_file=args.secret_key_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
     )
     try:
         asyncio.run(serve(config))

@@ -34,6 +34,7 @@ from controller.store.database import Database
 from controller.store.db import default_sqlite_url, open_engine
 from controller.store.outbox import StoreOutbox
 from controller.store.secrets import SecretBox
+from controller.tls import server_credentials
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,9 @@ class ControllerConfig:
     mqtt: str | None = None  # HOST:PORT of the MQTT broker events go to
     power_sync_interval: float = 60.0
     secret_key_file: Path | None = None  # None: secret.key in the state directory
+    tls_cert: Path | None = None  # with tls_key: serve TLS instead of plaintext
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # require client certificates it signed (mTLS)
 
 
 class ControllerServer:
@@ -87,8 +91,13 @@ class ControllerServer:
         return self.config.db_url or default_sqlite_url(self._state_dir())
 
     async def start(self) -> str:
-        """Open the store, start the services and listen; returns HOST:PORT."""
+        """Open the store, start the services and listen; returns HOST:PORT.
+
+        Raises TlsConfigError (before opening anything) when the TLS options
+        are incomplete or name unusable files.
+        """
         cfg = self.config
+        credentials = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
         profiles = cfg.profiles or ProfileCatalog.load(cfg.profiles_dir)
         self.db = Database(open_engine(self._db_url()))
         bmc = self._bmc or PoolGateway(
@@ -131,7 +140,10 @@ class ControllerServer:
             (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         host, _, port = cfg.listen.rpartition(":")
-        bound = server.add_insecure_port(cfg.listen)
+        if credentials is None:
+            bound = server.add_insecure_port(cfg.listen)
+        else:
+            bound = server.add_secure_port(cfg.listen, credentials)
         if bound == 0:
             raise OSError(f"cannot listen on {cfg.listen}")
         await server.start()
@@ -140,7 +152,11 @@ class ControllerServer:
         await self.fleet.start()
         for name in ("", *SERVICES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("controller listening on %s", self.address)
+        log.info(
+            "controller listening on %s (%s)",
+            self.address,
+            "plaintext" if credentials is None else "mutual TLS" if cfg.tls_client_ca else "TLS",
+        )
         return self.address
 
     async def stop(self, grace: float = 2.0) -> None:

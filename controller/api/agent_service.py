@@ -1,9 +1,12 @@
 """kiln.v1.AgentService: one bidirectional stream per node agent.
 
-The first message must be a Register. After it, two things run side by side:
-reports flowing up (health, command results) and commands flowing down from
-the node's session in the agent hub. When either side ends, the session is
-detached and its pending commands fail as Unavailable.
+The first message must be a Register. A peer that presented a TLS client
+certificate may only register the node its certificate names (see
+``controller.api.peer_identity``); else the call ends PERMISSION_DENIED.
+After it, two things run side by side: reports flowing up (health, command
+results) and commands flowing down from the node's session in the agent hub.
+When either side ends, the session is detached and its pending commands fail
+as Unavailable.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import grpc
 
 from controller.api import convert
 from controller.api.errors import status_for
+from controller.api.peer_identity import authorize_node, certificate_names
 from controller.core.agents import AgentSession
 from controller.core.errors import KilnError
 from controller.core.fleet import Fleet
@@ -53,6 +57,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return
         reg = first.register
         try:
+            authorize_node(certificate_names(context.auth_context()), reg.node_name)
             session = await self._fleet.agent_connected(
                 reg.node_name, [convert.gpu_from_pb(g) for g in reg.gpus], reg.applied_profile
             )

@@ -1,8 +1,9 @@
 """The CLI's connection to the controller and its error vocabulary.
 
 A ``Session`` is what every command handler works with: a synchronous
-FleetService stub on one insecure channel, the per-call deadline and the
-output format, all taken from the global options. ``CliError`` is the one
+FleetService stub on one channel (plaintext, or TLS when any of
+``--tls-ca``/``--tls-cert``/``--tls-key`` is given), the per-call deadline and
+the output format, all taken from the global options. ``CliError`` is the one
 exception a handler raises for a local failure (a missing password file, a
 wait that timed out); ``main`` prints it as ``kiln: error: <message>``.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,12 +20,16 @@ from typing import Any
 
 import grpc
 
+from controller.tls import TlsFileError, channel_credentials
 from kiln.v1 import fleet_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
 CONTROLLER_ENV = "KILN_CONTROLLER"
+TLS_CA_ENV = "KILN_TLS_CA"
+TLS_CERT_ENV = "KILN_TLS_CERT"
+TLS_KEY_ENV = "KILN_TLS_KEY"
 
 
 class CliError(Exception):
@@ -52,6 +58,7 @@ class Session:
     timeout: float | None
     output: str
     verbose: int = 0
+    tls: bool = False
 
     @property
     def json(self) -> bool:
@@ -63,12 +70,19 @@ def connect(args: argparse.Namespace) -> Iterator[Session]:
     """Open a channel to ``args.controller`` for the life of the ``with`` block.
 
     Never blocks: the channel connects lazily on the first call, which then
-    fails fast with UNAVAILABLE if nothing listens there.
+    fails fast with UNAVAILABLE if nothing listens there. Raises CliError
+    (exit 2) when the TLS options are incomplete or name unreadable files.
     """
     target: str = args.controller
     timeout = args.timeout if args.timeout and args.timeout > 0 else None
-    logger.debug("connecting to controller at %s", target)
-    channel = grpc.insecure_channel(target)
+    credentials = tls_credentials(args)
+    logger.debug(
+        "connecting to controller at %s (%s)", target, "TLS" if credentials else "plaintext"
+    )
+    if credentials is None:
+        channel = grpc.insecure_channel(target)
+    else:
+        channel = grpc.secure_channel(target, credentials)
     try:
         yield Session(
             stub=fleet_pb2_grpc.FleetServiceStub(channel),
@@ -76,10 +90,31 @@ def connect(args: argparse.Namespace) -> Iterator[Session]:
             timeout=timeout,
             output=args.output,
             verbose=args.verbose,
+            tls=credentials is not None,
         )
     finally:
         channel.close()
 
+
+def uses_tls(args: argparse.Namespace) -> bool:
+    """Whether any TLS option (or its environment variable) is set."""
+    return any(getattr(args, name, None) for name in ("tls_ca", "tls_cert", "tls_key"))
+
+
+def tls_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """The channel credentials the TLS options ask for; None for plaintext."""
+    try:
+        return channel_credentials(
+            getattr(args, "tls_ca", None),
+            getattr(args, "tls_cert", None),
+            getattr(args, "tls_key", None),
+        )
+    except TlsFileError as e:
+        raise CliError(str(e), exit_code=2) from e
+
+
+# OpenSSL's reason, e.g. CERTIFICATE_VERIFY_FAILED, in grpc-core's handshake error.
+_TLS_REASON = re.compile(r"OPENSSL_internal:([A-Z0-9_]+)")
 
 # How grpc-core's own messages start when the client never reached the peer or
 # lost it mid-call, as opposed to a controller that answered UNAVAILABLE on
@@ -96,22 +131,43 @@ _CONNECT_FAILURES = (
 )
 
 
-def rpc_error_message(err: grpc.RpcError, target: str, verbose: int = 0) -> str:
+def rpc_error_message(err: grpc.RpcError, target: str, verbose: int = 0, tls: bool = False) -> str:
     """The one-line explanation of a failed call, without the ``kiln: error:`` prefix.
 
     A controller that cannot be reached reads
-    ``cannot reach controller at HOST:PORT (UNAVAILABLE)``; anything the
-    controller said reads ``<CODE_NAME>: <details>``.
+    ``cannot reach controller at HOST:PORT (UNAVAILABLE)``; over TLS (``tls``)
+    a failed handshake reads ``TLS handshake with controller at HOST:PORT
+    failed (REASON)``; anything the controller said reads
+    ``<CODE_NAME>: <details>``.
     """
     code = _code(err)
     details = _details(err)
     name = code.name if code is not None else "UNKNOWN"
     if code is grpc.StatusCode.UNAVAILABLE and _is_connect_failure(details):
-        message = f"cannot reach controller at {target} (UNAVAILABLE)"
+        if tls:
+            message = _tls_failure(details, target)
+        else:
+            message = f"cannot reach controller at {target} (UNAVAILABLE)"
         return f"{message}: {details}" if verbose else message
     if code is grpc.StatusCode.DEADLINE_EXCEEDED and details.lower() == "deadline exceeded":
         return f"DEADLINE_EXCEEDED: no answer from controller at {target} in time"
     return f"{name}: {details}" if details else name
+
+
+def _tls_failure(details: str, target: str) -> str:
+    hint = "check --tls-ca, --tls-cert and --tls-key"
+    if "handshake" in details.lower():
+        reason = _TLS_REASON.search(details)
+        why = f" ({reason.group(1)})" if reason else ""
+        return f"TLS handshake with controller at {target} failed{why}; {hint}"
+    if "socket closed" in details.lower() or "connection reset" in details.lower():
+        # The controller hung up during the handshake: most often it wants a
+        # client certificate this CLI did not send, or serves plaintext.
+        return (
+            f"cannot reach controller at {target} over TLS (UNAVAILABLE): it closed the "
+            f"connection; it may want a client certificate or serve plaintext; {hint}"
+        )
+    return f"cannot reach controller at {target} over TLS (UNAVAILABLE); {hint}"
 
 
 def _is_connect_failure(details: str) -> bool:

@@ -11,7 +11,8 @@ Contract:
 - Each command module exposes ``register(subparsers)``; each leaf parser sets
   ``func``, a callable taking the parsed ``argparse.Namespace`` and returning
   an exit code. The global options (``--controller``, ``-o``, ``--timeout``,
-  ``-v``) are accepted before the command and after it.
+  ``-v``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``) are accepted before the
+  command and after it.
 - Plug-ins: if the module ``controller.cli.demo`` exists, its
   ``register(subparsers)`` is called too, the same way.
 """
@@ -24,8 +25,15 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+# grpc-core writes some failures (a refused TLS handshake, say) to stderr
+# itself; the CLI reports every failure in one line of its own. It reads
+# GRPC_VERBOSITY once, when grpc is first imported, hence before the imports
+# below; an operator's own setting wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import grpc
 
@@ -33,8 +41,12 @@ from controller.cli import alloc, events, nodes, racks, sim
 from controller.cli.client import (
     CONTROLLER_ENV,
     DEFAULT_CONTROLLER,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
     CliError,
     rpc_error_message,
+    uses_tls,
 )
 
 logger = logging.getLogger(__name__)
@@ -88,6 +100,18 @@ def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None
         help="deadline for each call (default 30; 0: none)",
     )
     add("-v", "--verbose", action="count", default=0, help="log what the CLI does")
+    for flag, env, what in (
+        ("--tls-ca", TLS_CA_ENV, "CA that signed the controller's certificate"),
+        ("--tls-cert", TLS_CERT_ENV, "client certificate for mutual TLS"),
+        ("--tls-key", TLS_KEY_ENV, "the client certificate's private key"),
+    ):
+        add(
+            flag,
+            type=Path,
+            metavar="FILE",
+            default=Path(os.environ[env]) if os.environ.get(env) else None,
+            help=f"{what} (PEM; default: ${env}); any TLS option dials TLS",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as e:
         return _fail(str(e), e.exit_code)
     except grpc.RpcError as e:
-        return _fail(rpc_error_message(e, args.controller, args.verbose))
+        return _fail(rpc_error_message(e, args.controller, args.verbose, uses_tls(args)))
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return EXIT_INTERRUPTED
