@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 import grpc
+import pynvml
 
 from agent.gpu_inventory import NodeInventory, read_inventory
 from agent.gpu_profile import GpuProfile, ProfileError
@@ -233,23 +234,40 @@ class Agent:
         self, outbox: asyncio.Queue[agent_pb2.AgentMessage | None], interval: float
     ) -> None:
         rounds = 0
+        drift: list[str] = []
         while True:
-            health = await self._sampler.asample()
+            health = await self._sample()
             if self.metrics is not None:
                 self.metrics.update_health(health)
-            await outbox.put(agent_pb2.AgentMessage(health=health_pb(health, time.time())))
+            report = health_pb(health, time.time())
+            report.drift.extend(drift)  # what the last check found and repaired
+            await outbox.put(agent_pb2.AgentMessage(health=report))
             rounds += 1
+            drift = []
             if self._profile is not None and rounds % DRIFT_CHECK_EVERY == 0:
-                await self._repair_drift()
+                drift = await self._repair_drift()
             await asyncio.sleep(interval)
 
-    async def _repair_drift(self) -> None:
+    async def _sample(self) -> NodeHealth:
+        """One health sample; after a driver reload NVML must be initialised
+        again (the old session is gone), so do that and sample once more."""
+        try:
+            return await self._sampler.asample()
+        except pynvml.NVMLError_Uninitialized:
+            log.warning(
+                "node %s: NVML session gone (driver reloaded?); initialising again", self.node_name
+            )
+            await asyncio.to_thread(self.nvml.nvmlInit)
+            return await self._sampler.asample()
+
+    async def _repair_drift(self) -> list[str]:
         """Re-apply the held profile when the GPUs no longer match it (a driver
-        reload or a reboot forgets clocks, power limits and persistence)."""
+        reload or a reboot forgets clocks, power limits and persistence).
+        Returns what had drifted, for the next report to the controller."""
         async with self._gpu_lock:
             profile = self._profile
             if profile is None:
-                return
+                return []
             drift = await asyncio.to_thread(check_drift, self.nvml, profile)
             if drift:
                 log.warning(
@@ -261,6 +279,7 @@ class Agent:
                 await asyncio.to_thread(
                     apply_profile, self.nvml, profile, reset_gpu=self._reset_gpu
                 )
+            return list(drift)
 
     async def _execute(
         self, command: agent_pb2.Command, outbox: asyncio.Queue[agent_pb2.AgentMessage | None]

@@ -103,6 +103,7 @@ def health_pb(health: dict[str, Any] | None) -> types_pb2.NodeHealth | None:
         sampled_at=health.get("sampled_at", 0.0),
         source=health.get("source", ""),
         bmc_temps_c=health.get("bmc_temps_c") or [],
+        drift=health.get("drift") or [],
     )
     for g in health.get("gpus") or []:
         msg.gpus.append(types_pb2.GpuHealth(**{k: v for k, v in g.items() if v is not None}))

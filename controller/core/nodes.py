@@ -412,6 +412,16 @@ class Nodes:
             row.health_json = json.dumps(health)
             row.agent_last_seen = time.time()
             session.add(row)
+            if health.get("drift"):
+                record(
+                    session,
+                    "node.gpu_drift",
+                    node=name,
+                    allocation=row.allocation_id,
+                    reason="GPU settings drifted from the profile; the agent re-applied it",
+                    drift=list(health["drift"]),
+                    profile=row.applied_profile,
+                )
             return row.rack
 
         return await self._db.read(write)

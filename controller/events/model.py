@@ -29,6 +29,7 @@ class EventKind(StrEnum):
     NODE_POWER = "node.power"
     NODE_AGENT = "node.agent"
     NODE_DRIFT = "node.drift"
+    NODE_GPU_DRIFT = "node.gpu_drift"
     ALLOCATION_CREATED = "allocation.created"
     ALLOCATION_WAITING = "allocation.waiting"
     ALLOCATION_PREPARING = "allocation.preparing"

@@ -145,16 +145,18 @@ class GpuHealth(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., lost: _Optional[bool] = ..., temp_c: _Optional[float] = ..., mem_temp_c: _Optional[float] = ..., slowdown_c: _Optional[float] = ..., shutdown_c: _Optional[float] = ..., gpu_max_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., remap_correctable: _Optional[int] = ..., remap_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., xids: _Optional[_Iterable[int]] = ..., nvlink_down: _Optional[_Iterable[int]] = ..., nvlink_errors: _Optional[int] = ..., fabric_state: _Optional[int] = ..., fabric_healthy: _Optional[bool] = ..., clique: _Optional[str] = ..., recovery_action: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeHealth(_message.Message):
-    __slots__ = ("sampled_at", "source", "gpus", "bmc_temps_c")
+    __slots__ = ("sampled_at", "source", "gpus", "bmc_temps_c", "drift")
     SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     BMC_TEMPS_C_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
     sampled_at: float
     source: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuHealth]
     bmc_temps_c: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, sampled_at: _Optional[float] = ..., source: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., bmc_temps_c: _Optional[_Iterable[float]] = ...) -> None: ...
+    drift: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sampled_at: _Optional[float] = ..., source: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., bmc_temps_c: _Optional[_Iterable[float]] = ..., drift: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("seq", "at", "kind", "node", "allocation", "rule", "reason", "data_json")
