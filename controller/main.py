@@ -10,9 +10,20 @@ import sys
 from pathlib import Path
 
 from controller.core.errors import KilnError
+from controller.core.preparation import PrepLimits
 from controller.core.queues import load_queues
 from controller.server import ControllerConfig, ControllerServer
 from controller.tls import server_credentials
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +62,31 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="seconds between power-state sync passes over every BMC",
+    )
+    limits = PrepLimits()
+    p.add_argument(
+        "--max-preparing",
+        type=positive,
+        default=limits.prepare_fleet,
+        help="nodes prepared at once, fleet-wide (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-preparing-per-rack",
+        type=positive,
+        default=limits.prepare_per_rack,
+        help="nodes prepared at once in one rack (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-firmware-updates",
+        type=positive,
+        default=limits.firmware_fleet,
+        help="firmware updates at once, fleet-wide (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-firmware-updates-per-rack",
+        type=positive,
+        default=limits.firmware_per_rack,
+        help="firmware updates at once in one rack (default %(default)s)",
     )
     p.add_argument(
         "--reconcile-interval",
@@ -120,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         mqtt=args.mqtt,
         power_sync_interval=args.power_sync_interval,
         reconcile_interval=args.reconcile_interval,
+        prep_limits=PrepLimits(
+            prepare_fleet=args.max_preparing,
+            prepare_per_rack=args.max_preparing_per_rack,
+            firmware_fleet=args.max_firmware_updates,
+            firmware_per_rack=args.max_firmware_updates_per_rack,
+        ),
         secret_key_file=args.secret_key_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

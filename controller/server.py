@@ -25,6 +25,7 @@ from controller.bmc.pool import BmcPool
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
+from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.events.publisher import MqttPublisher
 from controller.gateway import PoolGateway
@@ -53,6 +54,7 @@ class ControllerConfig:
     profiles_dir: Path | None = None
     queues: Sequence[QueueConfig] = ()
     reconcile_interval: float = 1.0
+    prep_limits: PrepLimits = field(default_factory=PrepLimits)
     sample_interval: float = 5.0
     bmc_call_timeout: float = 10.0
     bmc_power_timeout: float = 120.0
@@ -115,6 +117,7 @@ class ControllerServer:
             sample_interval=cfg.sample_interval,
             rules=rules,
             power_sync_interval=cfg.power_sync_interval,
+            prep_limits=cfg.prep_limits,
             secrets=SecretBox.from_key_file(
                 cfg.secret_key_file or self._state_dir() / "secret.key"
             ),

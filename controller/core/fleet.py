@@ -24,6 +24,7 @@ from controller.core.model import AgentCommand, CommandOutcome, GpuInfo, NodeInf
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway
 from controller.core.power_sync import PowerSync
+from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.placement import QueueConfig
 from controller.policies import PolicyEngine, RuleSet, load_default_rules
@@ -46,6 +47,7 @@ class Fleet:
         rules: RuleSet | None = None,
         power_sync_interval: float = 60.0,
         secrets: SecretBox | None = None,
+        prep_limits: PrepLimits | None = None,
     ) -> None:
         self.db = db
         self.bmc = bmc
@@ -63,6 +65,7 @@ class Fleet:
             self.allocations.schedule_pass,
             self.allocations.node_failed,
             interval=reconcile_interval,
+            preparer=Preparer(bmc, prep_limits),
         )
         self.policies = PolicyRunner(
             db,
