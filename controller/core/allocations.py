@@ -25,7 +25,6 @@ from controller.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
-    KilnError,
     NotFound,
 )
 from controller.core.eventlog import record
@@ -120,10 +119,9 @@ def mark_ready_if_prepared(session: Session, ident: str) -> None:
     )
 
 
-def to_request(row: AllocationRow) -> Request:
-    spec = AllocationSpec.from_dict(json.loads(row.spec_json))
+def request_for(key: str, spec: AllocationSpec, submitted: int) -> Request:
     return Request(
-        key=row.id,
+        key=key,
         nodes=spec.nodes,
         racks=spec.racks,
         gpu_model=spec.gpu_model or None,
@@ -134,8 +132,13 @@ def to_request(row: AllocationRow) -> Request:
         exclusive=spec.exclusive,
         queue=spec.queue or "default",
         priority=spec.priority,
-        submitted=row.submitted,
+        submitted=submitted,
     )
+
+
+def to_request(row: AllocationRow) -> Request:
+    spec = AllocationSpec.from_dict(json.loads(row.spec_json))
+    return request_for(row.id, spec, row.submitted)
 
 
 def to_booking(row: AllocationRow, gpus_per_node: dict[str, int]) -> Booking:
@@ -272,17 +275,17 @@ class Allocations:
         return await self._db.read(query)
 
     async def _refuse_if_never_fits(self, spec: AllocationSpec) -> None:
+        """Refuse a request that no use of the known fleet could ever satisfy.
+
+        While some nodes' GPUs are still unknown (enrolled, not yet inspected)
+        the fleet may be bigger than it looks, so the request is queued instead.
+        """
         rows = await self._nodes.rows()
         whole_fleet = Topology.build(node_spec(r, r.gpu_count > 0) for r in rows)
-        request = to_request(
-            AllocationRow(id="check", key="check", spec_json=json.dumps(spec.to_dict()))
-        )
-        try:
-            request.validate()
-        except KilnError:
-            raise
+        request = request_for("check", spec, submitted=0)
+        request.validate()
         verdict = place(whole_fleet, Usage.from_bookings(whole_fleet, ()), request)
-        if isinstance(verdict, NoFit):
+        if isinstance(verdict, NoFit) and all(r.gpu_count > 0 for r in rows):
             raise FailedPrecondition(f"this request can never fit the fleet: {verdict.reason}")
 
     async def release(self, ident: str) -> AllocationInfo:

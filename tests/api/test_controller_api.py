@@ -177,3 +177,21 @@ def test_ipmi_password_longer_than_the_protocol_allows_is_refused(
     assert code_of(err.value) == grpc.StatusCode.INVALID_ARGUMENT
     assert "20 bytes" in err.value.details()  # type: ignore[attr-defined]
     assert "x" * 21 not in err.value.details()  # type: ignore[attr-defined]
+
+
+def test_while_nodes_are_uninspected_a_large_request_waits_instead_of_being_refused(
+    stub: fleet_pb2_grpc.FleetServiceStub,
+) -> None:
+    stub.EnrollNode(
+        fleet_pb2.EnrollNodeRequest(
+            name="new-1",
+            username="admin",
+            password="pw",
+            bmc_url="redfish+http://127.0.0.1:9/redfish/v1/Systems/1",
+        )
+    )
+    alloc = stub.CreateAllocation(
+        fleet_pb2.CreateAllocationRequest(key="early", spec=fleet_pb2.AllocationSpec(nodes=64))
+    )
+    assert alloc.state == fleet_pb2.ALLOCATION_STATE_PENDING
+    assert not alloc.nodes and alloc.reason
