@@ -332,9 +332,13 @@ class Allocations:
             gpus = {r.name: r.gpu_count for r in rows}
             usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
             result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
-            await self._db.tx(
-                lambda s: self._apply(s, result.admitted, result.waiting, result.rejected)
-            )
+            waiting, rejected = dict(result.waiting), dict(result.rejected)
+            uninspected = sum(1 for r in rows if r.gpu_count == 0)
+            if uninspected:  # the fleet may be bigger than it looks yet: wait, don't refuse
+                for ident, reason in rejected.items():
+                    waiting[ident] = f"{reason} (yet: {uninspected} node(s) still being inspected)"
+                rejected = {}
+            await self._db.tx(lambda s: self._apply(s, result.admitted, waiting, rejected))
 
     @staticmethod
     def _load(
