@@ -94,7 +94,12 @@ class Agent:
         """``channel_credentials``: dial over TLS with these (``agent.tls``);
         None dials plaintext. Each agent carries its own, so a simulated fleet
         can give every node its own certificate."""
-        self.controller = controller
+        # "HOST:PORT" or several, comma-separated (an active controller and its
+        # standbys): a broken stream moves on to the next one.
+        self.controllers = [c.strip() for c in controller.split(",") if c.strip()]
+        if not self.controllers:
+            raise ValueError("no controller address given")
+        self._current = 0
         self.node_name = node_name
         self.nvml = nvml
         self.backend = backend
@@ -115,6 +120,11 @@ class Agent:
     @property
     def applied_profile(self) -> str:
         return self._profile.name if self._profile else ""
+
+    @property
+    def controller(self) -> str:
+        """The controller this agent dials now."""
+        return self.controllers[self._current]
 
     async def run(self) -> None:
         """Stay connected until ``stop()``; re-dial with backoff on failure."""
@@ -139,6 +149,7 @@ class Agent:
                 self.registered.clear()
                 if self._stopping.is_set():
                     break
+                self._current = (self._current + 1) % len(self.controllers)
                 jittered = delay * random.uniform(0.5, 1.0)
                 try:
                     await asyncio.wait_for(self._stopping.wait(), jittered)

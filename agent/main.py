@@ -18,7 +18,11 @@ from agent.tls import channel_credentials
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kiln-agent", description=__doc__)
-    p.add_argument("--controller", required=True, help="controller HOST:PORT")
+    p.add_argument(
+        "--controller",
+        required=True,
+        help="controller HOST:PORT (several, comma-separated: the active one and standbys)",
+    )
     p.add_argument(
         "--node-name",
         default=socket.gethostname(),

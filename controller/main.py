@@ -119,17 +119,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def serve(config: ControllerConfig) -> None:
-    server = ControllerServer(config)
-    await server.start()
-    print(f"kiln-controller listening on {server.address}", flush=True)
+async def serve(config: ControllerConfig) -> int:
+    """Run until SIGINT/SIGTERM (0) or until the active-controller lock is lost (1)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    server = ControllerServer(config)
+    starting = asyncio.create_task(server.start())
+    stopping = asyncio.create_task(stop.wait())
     try:
-        await stop.wait()
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # stopped while waiting as a standby
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return 0
+        starting.result()
+        print(f"kiln-controller listening on {server.address}", flush=True)
+        lost = asyncio.create_task(server.lock_lost.wait())
+        await asyncio.wait({stopping, lost}, return_when=asyncio.FIRST_COMPLETED)
+        lost.cancel()
+        return 1 if server.lock_lost.is_set() else 0
     finally:
+        stopping.cancel()
         await server.stop()
 
 
@@ -168,14 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         tls_client_ca=args.tls_client_ca,
     )
     try:
-        asyncio.run(serve(config))
+        return asyncio.run(serve(config))
     except KilnError as e:
         print(f"kiln-controller: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
         print(f"kiln-controller: error: {e}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ from controller.events.publisher import MqttPublisher
 from controller.gateway import PoolGateway
 from controller.placement import QueueConfig
 from controller.policies import RuleSet, load_rules_file
+from controller.store.active_lock import ActiveLock
 from controller.store.database import Database
-from controller.store.db import default_sqlite_url, open_engine
+from controller.store.db import default_sqlite_url, migrate, open_engine
 from controller.store.outbox import StoreOutbox
 from controller.store.secrets import SecretBox
 from controller.tls import server_credentials
@@ -80,6 +81,9 @@ class ControllerServer:
         self.db: Database | None = None
         self.address = ""
         self.publisher: MqttPublisher | None = None
+        self._active: ActiveLock | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self.lock_lost = asyncio.Event()
         self._publisher_task: asyncio.Task[None] | None = None
 
     def _state_dir(self) -> Path:
@@ -101,7 +105,15 @@ class ControllerServer:
         cfg = self.config
         credentials = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
         profiles = cfg.profiles or ProfileCatalog.load(cfg.profiles_dir)
-        self.db = Database(open_engine(self._db_url()))
+        engine = open_engine(self._db_url(), migrate_schema=False)
+        self._active = ActiveLock(engine)
+        await self._active.acquire(
+            on_wait=lambda: log.warning(
+                "another controller is active on this database; waiting as a standby"
+            )
+        )
+        await asyncio.to_thread(migrate, engine)
+        self.db = Database(engine)
         bmc = self._bmc or PoolGateway(
             BmcPool(max_workers=cfg.bmc_workers, call_timeout=cfg.bmc_call_timeout),
             power_timeout=cfg.bmc_power_timeout,
@@ -153,6 +165,7 @@ class ControllerServer:
         self._server = server
         self.address = f"{host or '127.0.0.1'}:{bound}"
         await self.fleet.start()
+        self._watchdog = asyncio.create_task(self._watch_lock(), name="kiln-active-lock")
         for name in ("", *SERVICES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -162,7 +175,22 @@ class ControllerServer:
         )
         return self.address
 
+    async def _watch_lock(self, every: float = 5.0) -> None:
+        """Stand down the moment the active-controller lock is lost, so two
+        controllers never act on the same fleet at once."""
+        assert self._active is not None
+        while True:
+            await asyncio.sleep(every)
+            if not await asyncio.to_thread(self._active.still_held):
+                log.error("lost the active-controller lock; stopping")
+                self.lock_lost.set()
+                return
+
     async def stop(self, grace: float = 2.0) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
+            self._watchdog = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
@@ -180,6 +208,9 @@ class ControllerServer:
         if self.db is not None:
             self.db.close()
             self.db = None
+        if self._active is not None:
+            self._active.release()
+            self._active = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
