@@ -6,7 +6,6 @@ and the event log together. It knows nothing of gRPC or of BMC libraries.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Coroutine, Sequence
@@ -26,6 +25,7 @@ from controller.core.ports import BmcGateway
 from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import ProfileCatalog
+from controller.core.tasks import BackgroundTasks
 from controller.placement import QueueConfig
 from controller.policies import PolicyEngine, RuleSet, load_default_rules
 from controller.store.database import Database
@@ -77,23 +77,19 @@ class Fleet:
         )
         self.power_sync = PowerSync(db, self.nodes, bmc, interval=power_sync_interval)
         self.sample_interval = sample_interval
-        self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[None]] = set()
+        self._loops = BackgroundTasks()
+        self._background = BackgroundTasks()
 
     async def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self.lifecycle.run(), name="kiln-lifecycle"))
-        self._tasks.append(asyncio.create_task(self.policies.run(), name="kiln-policies"))
-        self._tasks.append(asyncio.create_task(self.power_sync.run(), name="kiln-power-sync"))
+        self._loops.spawn(self.lifecycle.run(), name="kiln-lifecycle")
+        self._loops.spawn(self.policies.run(), name="kiln-policies")
+        self._loops.spawn(self.power_sync.run(), name="kiln-power-sync")
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        await self._loops.stop()
+        await self._background.stop()
         await self.lifecycle.stop()
         await self.policies.stop()
-        self._tasks.clear()
 
     # -- agents ----------------------------------------------------------------
 
@@ -114,9 +110,7 @@ class Fleet:
         return session
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coro)
 
     async def agent_disconnected(self, session: AgentSession) -> None:
         if self.agents.detach(session):

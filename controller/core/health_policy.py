@@ -27,6 +27,7 @@ from controller.core.eventlog import record
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway
 from controller.core.states import OUT_OF_SERVICE, NodeState
+from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
 from controller.policies import Action, ActionKind, GpuReading, HealthSample, PolicyEngine
 from controller.store.database import Database
@@ -134,7 +135,7 @@ class PolicyRunner:
         self._clock = clock
         self._last_bmc_sample: dict[str, float] = {}
         self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._workers: set[asyncio.Task[None]] = set()
+        self._workers = BackgroundTasks()
 
     async def observe(self, node: str, rack: str, health: dict[str, Any]) -> None:
         """Evaluate one agent report of ``node`` and carry out what it triggers.
@@ -187,19 +188,14 @@ class PolicyRunner:
         for action in actions:
             by_node[action.node].append(action)
         for node, batch in by_node.items():
-            task = asyncio.create_task(self._carry_out(node, batch))
-            self._workers.add(task)
-            task.add_done_callback(self._workers.discard)
+            self._workers.spawn(self._carry_out(node, batch))
 
     async def settle(self) -> None:
         """Wait for the actions in flight (tests use this)."""
-        while self._workers:
-            await asyncio.gather(*list(self._workers), return_exceptions=True)
+        await self._workers.settle()
 
     async def stop(self) -> None:
-        for task in list(self._workers):
-            task.cancel()
-        await asyncio.gather(*list(self._workers), return_exceptions=True)
+        await self._workers.stop()
 
     async def _carry_out(self, node: str, actions: list[Action]) -> None:
         for action in actions:

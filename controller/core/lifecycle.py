@@ -36,6 +36,7 @@ from controller.core.ports import BmcGateway
 from controller.core.preparation import PreparationFailed, Preparer, gate_problems
 from controller.core.profiles import HealthGate, ProfileCatalog
 from controller.core.states import FOR_ALLOCATION, NodeState
+from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
 from controller.store.database import Database
 from controller.store.models import NodeRow
@@ -87,7 +88,7 @@ class Lifecycle:
         self._gate = asyncio.Semaphore(max_parallel)
         self._preparer = preparer or Preparer(bmc)
         self._busy: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._steps = BackgroundTasks()
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -112,19 +113,14 @@ class Lifecycle:
             if row.name in self._busy or row.state in (S.READY, S.ALLOCATED):
                 continue
             self._busy.add(row.name)
-            task = asyncio.create_task(self._step_guarded(row))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._steps.spawn(self._step_guarded(row))
 
     async def settle(self) -> None:
         """Wait for the steps in flight (tests and the demo use this)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._steps.settle()
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._steps.stop()
 
     async def _step_guarded(self, row: NodeRow) -> None:
         try:
