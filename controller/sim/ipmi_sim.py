@@ -11,7 +11,6 @@ files so that tests can assert on them without going through IPMI.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.sim.ports import free_port
-from controller.sim.process import terminate
+from controller.sim.process import ProcessPeer
 
 # chassis_control protocol: "get <parm>..." prints "<parm>:<value>" lines,
 # "set <parm> <value> [<parm> <value>...]" stores them.
@@ -95,7 +94,7 @@ def _full_sensor_record(
     return [0x00, 0x00, 0x51, 0x01, len(body), *body]
 
 
-class IpmiSim:
+class IpmiSim(ProcessPeer):
     """One ``ipmi_sim`` BMC on 127.0.0.1; an async context manager."""
 
     def __init__(
@@ -254,20 +253,3 @@ class IpmiSim:
                 return
             await asyncio.sleep(0.05)
         raise RuntimeError(f"ipmi_sim not ready after {timeout}s")
-
-    async def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        await terminate(proc)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._workdir_given is None and self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    async def __aenter__(self) -> IpmiSim:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            await self.stop()

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.sim.ports import free_port
-from controller.sim.process import terminate
+from controller.sim.process import ProcessPeer
 
 # The repository root, so the launcher module is importable in the child.
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -168,7 +168,7 @@ def write_self_signed_cert(cert_path: Path, key_path: Path, host: str = "127.0.0
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-class RedfishEmulator:
+class RedfishEmulator(ProcessPeer):
     """sushy-tools' emulator in a subprocess on 127.0.0.1; an async context manager."""
 
     def __init__(
@@ -301,22 +301,6 @@ class RedfishEmulator:
         with contextlib.suppress(OSError):
             return (self.workdir / "emulator.log").read_text(errors="replace")[-limit:]
         return ""
-
-    async def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        await terminate(proc)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._workdir_given is None and self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    async def __aenter__(self) -> RedfishEmulator:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
 
 class _NoDelay:
