@@ -119,6 +119,19 @@ def mark_ready_if_prepared(session: Session, ident: str) -> None:
     )
 
 
+def might_fit_once_inspected(spec: AllocationSpec, rows: Sequence[NodeRow]) -> bool:
+    """Whether nodes whose GPUs are not known yet could still make ``spec`` fit.
+
+    Their GPUs could be anything, but their number and racks are known: a
+    request for more nodes (or racks) than are enrolled never fits.
+    """
+    if all(r.gpu_count > 0 for r in rows):
+        return False
+    if spec.nodes > len(rows):
+        return False
+    return spec.racks <= len({r.rack or r.name for r in rows})
+
+
 def request_for(key: str, spec: AllocationSpec, submitted: int) -> Request:
     return Request(
         key=key,
@@ -285,7 +298,7 @@ class Allocations:
         request = request_for("check", spec, submitted=0)
         request.validate()
         verdict = place(whole_fleet, Usage.from_bookings(whole_fleet, ()), request)
-        if isinstance(verdict, NoFit) and all(r.gpu_count > 0 for r in rows):
+        if isinstance(verdict, NoFit) and not might_fit_once_inspected(spec, rows):
             raise FailedPrecondition(f"this request can never fit the fleet: {verdict.reason}")
 
     async def release(self, ident: str) -> AllocationInfo:
@@ -333,11 +346,12 @@ class Allocations:
             usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
             result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
             waiting, rejected = dict(result.waiting), dict(result.rejected)
+            specs = {p.id: AllocationSpec.from_dict(json.loads(p.spec_json)) for p in pending}
             uninspected = sum(1 for r in rows if r.gpu_count == 0)
-            if uninspected:  # the fleet may be bigger than it looks yet: wait, don't refuse
-                for ident, reason in rejected.items():
+            for ident, reason in list(rejected.items()):
+                if might_fit_once_inspected(specs[ident], rows):  # wait, don't refuse yet
                     waiting[ident] = f"{reason} (yet: {uninspected} node(s) still being inspected)"
-                rejected = {}
+                    del rejected[ident]
             await self._db.tx(lambda s: self._apply(s, result.admitted, waiting, rejected))
 
     @staticmethod

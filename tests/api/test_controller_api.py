@@ -179,19 +179,29 @@ def test_ipmi_password_longer_than_the_protocol_allows_is_refused(
     assert "x" * 21 not in err.value.details()  # type: ignore[attr-defined]
 
 
-def test_while_nodes_are_uninspected_a_large_request_waits_instead_of_being_refused(
+def test_while_nodes_are_uninspected_a_request_they_could_hold_waits(
     stub: fleet_pb2_grpc.FleetServiceStub,
 ) -> None:
-    stub.EnrollNode(
-        fleet_pb2.EnrollNodeRequest(
-            name="new-1",
-            username="admin",
-            password="pw",
-            bmc_url="redfish+http://127.0.0.1:9/redfish/v1/Systems/1",
+    for name in ("new-1", "new-2"):
+        stub.EnrollNode(
+            fleet_pb2.EnrollNodeRequest(
+                name=name,
+                username="admin",
+                password="pw",
+                bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
+            )
         )
-    )
+    # Their GPUs are unknown yet, so 2 GB200 nodes might fit: it waits.
     alloc = stub.CreateAllocation(
-        fleet_pb2.CreateAllocationRequest(key="early", spec=fleet_pb2.AllocationSpec(nodes=64))
+        fleet_pb2.CreateAllocationRequest(
+            key="early", spec=fleet_pb2.AllocationSpec(nodes=2, gpu_model="GB200")
+        )
     )
     assert alloc.state == fleet_pb2.ALLOCATION_STATE_PENDING
     assert not alloc.nodes and alloc.reason
+    # More nodes than are enrolled can never fit, inspected or not.
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CreateAllocation(
+            fleet_pb2.CreateAllocationRequest(key="big", spec=fleet_pb2.AllocationSpec(nodes=3))
+        )
+    assert code_of(err.value) == grpc.StatusCode.FAILED_PRECONDITION
