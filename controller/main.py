@@ -63,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds between power-state sync passes over every BMC",
     )
+    p.add_argument(
+        "--agent-silent-after",
+        type=float,
+        default=15.0,
+        help="seconds without an agent report before a powered-on node's "
+        "BMC thermal sensors feed the health policies (default 15)",
+    )
+    p.add_argument(
+        "--bmc-thermal-interval",
+        type=float,
+        default=10.0,
+        help="seconds between BMC thermal readings of a silent node (default 10)",
+    )
     limits = PrepLimits()
     p.add_argument(
         "--max-preparing",
@@ -168,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         mqtt=args.mqtt,
         power_sync_interval=args.power_sync_interval,
         reconcile_interval=args.reconcile_interval,
+        agent_silent_after=args.agent_silent_after,
+        bmc_thermal_interval=args.bmc_thermal_interval,
         prep_limits=PrepLimits(
             prepare_fleet=args.max_preparing,
             prepare_per_rack=args.max_preparing_per_rack,

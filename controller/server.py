@@ -65,6 +65,8 @@ class ControllerConfig:
     rules_file: Path | None = None
     mqtt: str | None = None  # HOST:PORT of the MQTT broker events go to
     power_sync_interval: float = 60.0
+    agent_silent_after: float = 15.0  # then the BMC's thermal sensors feed the policies
+    bmc_thermal_interval: float = 10.0
     secret_key_file: Path | None = None  # None: secret.key in the state directory
     tls_cert: Path | None = None  # with tls_key: serve TLS instead of plaintext
     tls_key: Path | None = None
@@ -130,6 +132,8 @@ class ControllerServer:
             rules=rules,
             power_sync_interval=cfg.power_sync_interval,
             prep_limits=cfg.prep_limits,
+            agent_silent_after=cfg.agent_silent_after,
+            bmc_thermal_interval=cfg.bmc_thermal_interval,
             secrets=SecretBox.from_key_file(
                 cfg.secret_key_file or self._state_dir() / "secret.key"
             ),

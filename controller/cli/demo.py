@@ -263,7 +263,7 @@ async def thermal_scenario(
                 break
     finally:
         events.cancel()
-    power = (await asyncio.to_thread(fleet._read_power)).get(victim)
+    power = (await asyncio.to_thread(fleet.read_power)).get(victim)
     say(f"bmc         the Redfish emulator reports {victim} PowerState={power}")
     await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))
     say(f"release     {alloc.id}; {victim} stays powered off until an operator undrains it")

@@ -48,6 +48,8 @@ class Fleet:
         power_sync_interval: float = 60.0,
         secrets: SecretBox | None = None,
         prep_limits: PrepLimits | None = None,
+        agent_silent_after: float = 15.0,
+        bmc_thermal_interval: float = 10.0,
     ) -> None:
         self.db = db
         self.bmc = bmc
@@ -74,6 +76,8 @@ class Fleet:
             bmc,
             PolicyEngine(rules or load_default_rules()),
             self.allocations.node_failed,
+            silent_after=agent_silent_after,
+            bmc_sample_interval=bmc_thermal_interval,
         )
         self.power_sync = PowerSync(db, self.nodes, bmc, interval=power_sync_interval)
         self.sample_interval = sample_interval

@@ -138,7 +138,8 @@ class SimFleet:
 
     # -- power following -------------------------------------------------------
 
-    def _read_power(self) -> dict[str, str]:
+    def read_power(self) -> dict[str, str]:
+        """Each node's PowerState as its (emulated) BMC reports it. Blocking."""
         token = base64.b64encode(f"{SIM_USERNAME}:{SIM_PASSWORD}".encode()).decode()
         states = {}
         for node in self.nodes.values():
@@ -153,7 +154,7 @@ class SimFleet:
 
     async def _watch(self) -> None:
         while True:
-            states = await asyncio.to_thread(self._read_power)
+            states = await asyncio.to_thread(self.read_power)
             for name, power in states.items():
                 node = self.nodes[name]
                 if power == "On" and not node.powered:

@@ -32,6 +32,10 @@ def test_controller_process_serves_then_stops_cleanly_on_sigterm(tmp_path: Path)
             "0.3",
             "--power-sync-interval",
             "5",
+            "--agent-silent-after",
+            "5",
+            "--bmc-thermal-interval",
+            "2",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -81,3 +85,23 @@ def test_bad_queue_file_is_one_clear_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("kiln-controller: error: queues.yaml")
     assert "gpu_quota" in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_fallback_timing_reaches_the_policy_runner(tmp_path: Path) -> None:
+    from controller.server import ControllerConfig, ControllerServer
+
+    server = ControllerServer(
+        ControllerConfig(
+            listen="127.0.0.1:0",
+            state_dir=tmp_path,
+            agent_silent_after=3.0,
+            bmc_thermal_interval=1.5,
+        )
+    )
+    await server.start()
+    try:
+        assert server.fleet is not None
+        assert server.fleet.policies.silent_after == 3.0
+        assert server.fleet.policies.bmc_sample_interval == 1.5
+    finally:
+        await server.stop()

@@ -75,7 +75,7 @@ async def test_enrolled_nodes_are_powered_on_inspected_and_become_ready(
 ) -> None:
     nodes = await harness.wait_all_ready()
     assert len(nodes) == 7
-    power = await asyncio.to_thread(harness.fleet._read_power)
+    power = await asyncio.to_thread(harness.fleet.read_power)
     assert set(power.values()) == {"On"}, "Kiln powered every node on through Redfish"
     gb200 = [n for n in nodes if n.name.startswith("gb200")]
     assert {n.gpu_model for n in gb200} == {"GB200"}
