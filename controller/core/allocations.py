@@ -401,33 +401,21 @@ class Allocations:
             row.domains_json = json.dumps(list(placement.domains))
             row.updated_at = now
             where = f"{len(placement.nodes)} nodes in {len(placement.domains)} NVLink domain(s)"
-            if preparing:
-                row.state = "preparing"
-                row.reason = f"{where}; preparing to profile {spec.profile}"
-                record(
-                    session,
-                    "allocation.preparing",
-                    allocation=ident,
-                    reason=row.reason,
-                    nodes=list(placement.nodes),
-                    spares=list(placement.spares),
-                    domains=list(placement.domains),
-                    profile=spec.profile,
-                )
-            else:
-                row.state = "ready"
-                row.reason = where
-                record(
-                    session,
-                    "allocation.ready",
-                    allocation=ident,
-                    reason=row.reason,
-                    nodes=list(placement.nodes),
-                    spares=list(placement.spares),
-                    domains=list(placement.domains),
-                )
+            extra = {"profile": spec.profile} if preparing else {}
+            row.state = "preparing" if preparing else "ready"
+            row.reason = f"{where}; preparing to profile {spec.profile}" if preparing else where
+            record(
+                session,
+                f"allocation.{row.state}",
+                allocation=ident,
+                reason=row.reason,
+                nodes=list(placement.nodes),
+                spares=list(placement.spares),
+                domains=list(placement.domains),
+                **extra,
+            )
             session.add(row)
-            log.info("allocation %s: ready on %s", ident, ",".join(placement.nodes))
+            log.info("allocation %s: %s on %s", ident, row.state, ",".join(placement.nodes))
         for ident, reason in waiting.items():
             row = session.get(AllocationRow, ident)
             if row is not None and row.state == "pending" and row.reason != reason:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -361,21 +362,8 @@ class Nodes:
             for old in session.exec(select(GpuRow).where(GpuRow.node == name)):
                 session.delete(old)
             session.flush()
-            for g in gpus:
-                session.add(
-                    GpuRow(
-                        node=name,
-                        index=g.index,
-                        uuid=g.uuid,
-                        model=g.model,
-                        serial=g.serial,
-                        pci_bus_id=g.pci_bus_id,
-                        pci_device_id=g.pci_device_id,
-                        memory_mib=g.memory_mib,
-                        architecture=g.architecture,
-                        clique=g.clique,
-                    )
-                )
+            for g in gpus:  # GpuInfo and GpuRow share their field names
+                session.add(GpuRow(node=name, **dataclasses.asdict(g)))
             cliques = {g.clique for g in gpus}
             row.gpu_model = short_gpu_model(gpus[0].model) if gpus else ""
             row.gpu_count = len(gpus)
