@@ -32,10 +32,10 @@ from controller.gateway import PoolGateway
 from controller.placement import QueueConfig
 from controller.policies import RuleSet, load_rules_file
 from controller.store.active_lock import ActiveLock
-from controller.store.database import Database
-from controller.store.db import default_sqlite_url, migrate, open_engine
+from controller.store.engine import default_sqlite_url, migrate, open_engine
 from controller.store.outbox import StoreOutbox
 from controller.store.secrets import SecretBox
+from controller.store.sql_store import SqlStore
 from controller.tls import server_credentials
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 
@@ -80,7 +80,7 @@ class ControllerServer:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._server: grpc.aio.Server | None = None
         self.fleet: Fleet | None = None
-        self.db: Database | None = None
+        self.store: SqlStore | None = None
         self.address = ""
         self.publisher: MqttPublisher | None = None
         self._active: ActiveLock | None = None
@@ -115,7 +115,8 @@ class ControllerServer:
             )
         )
         await asyncio.to_thread(migrate, engine)
-        self.db = Database(engine)
+        secrets = SecretBox.from_key_file(cfg.secret_key_file or self._state_dir() / "secret.key")
+        self.store = SqlStore(engine, secrets=secrets)
         bmc = self._bmc or PoolGateway(
             BmcPool(max_workers=cfg.bmc_workers, call_timeout=cfg.bmc_call_timeout),
             power_timeout=cfg.bmc_power_timeout,
@@ -123,7 +124,7 @@ class ControllerServer:
         self._bmc = bmc
         rules = cfg.rules or (load_rules_file(cfg.rules_file) if cfg.rules_file else None)
         self.fleet = Fleet(
-            self.db,
+            self.store,
             bmc,
             profiles=profiles,
             queues=cfg.queues,
@@ -134,21 +135,18 @@ class ControllerServer:
             prep_limits=cfg.prep_limits,
             agent_silent_after=cfg.agent_silent_after,
             bmc_thermal_interval=cfg.bmc_thermal_interval,
-            secrets=SecretBox.from_key_file(
-                cfg.secret_key_file or self._state_dir() / "secret.key"
-            ),
         )
         if cfg.mqtt:
             host, _, port = cfg.mqtt.rpartition(":")
             if not host or not port.isdigit():
                 raise InvalidArgument(f"--mqtt wants HOST:PORT, not {cfg.mqtt!r}")
             self.publisher = MqttPublisher(
-                StoreOutbox(self.db),
+                StoreOutbox(self.store),
                 host,
                 int(port),
                 client_id=f"kiln-controller-{uuid.uuid4().hex[:8]}",
             )
-            self.db.on_commit(self.publisher.notify)
+            self.store.on_commit(self.publisher.notify)
             self._publisher_task = asyncio.create_task(self.publisher.run(), name="kiln-mqtt")
         server = grpc.aio.server()
         fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetService(self.fleet), server)
@@ -209,9 +207,9 @@ class ControllerServer:
             await self.fleet.stop()
         if self._bmc is not None:
             await self._bmc.close()
-        if self.db is not None:
-            self.db.close()
-            self.db = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
         if self._active is not None:
             self._active.release()
             self._active = None

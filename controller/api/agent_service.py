@@ -93,12 +93,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     return
                 body = msg.WhichOneof("body")
                 if body == "health":
-                    await self._fleet.agent_health(
-                        session.node, convert.message_to_plain(msg.health)
-                    )
+                    await self._fleet.agent_health(session.node, convert.health_from_pb(msg.health))
                 elif body == "result":
                     r = msg.result
-                    self._fleet.agents.resolve(
+                    self._fleet.agent_result(
                         session,
                         r.id,
                         CommandOutcome(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any
+import math
 
-from google.protobuf.message import Message
-
+from controller.core.health import GpuHealth, HealthReport
 from controller.core.model import (
     AllocationInfo,
     AllocationSpec,
@@ -48,65 +48,60 @@ def power_pb(state: str) -> int:
     return POWER_STATE.get(state, types_pb2.POWER_STATE_UNKNOWN)
 
 
+GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuInfo))
+GPU_HEALTH_FIELDS = tuple(dataclasses.fields(GpuHealth))
+
+
 def gpu_pb(g: GpuInfo) -> types_pb2.Gpu:
-    return types_pb2.Gpu(
-        index=g.index,
-        uuid=g.uuid,
-        model=g.model,
-        serial=g.serial,
-        pci_bus_id=g.pci_bus_id,
-        memory_mib=g.memory_mib,
-        architecture=g.architecture,
-        clique=g.clique,
-        pci_device_id=g.pci_device_id,
-    )
+    return types_pb2.Gpu(**dataclasses.asdict(g))
 
 
 def gpu_from_pb(g: types_pb2.Gpu) -> GpuInfo:
-    return GpuInfo(
-        index=g.index,
-        uuid=g.uuid,
-        model=g.model,
-        serial=g.serial,
-        pci_bus_id=g.pci_bus_id,
-        pci_device_id=g.pci_device_id,
-        memory_mib=g.memory_mib,
-        architecture=g.architecture,
-        clique=g.clique,
+    return GpuInfo(**{name: getattr(g, name) for name in GPU_FIELDS})
+
+
+def _reading(msg: types_pb2.GpuHealth, field: dataclasses.Field[object]) -> object:
+    """One GpuHealth field off the wire: an absent optional reading or a value
+    that is not a finite number is None (unknown), which no rule acts on."""
+    name = field.name
+    value = getattr(msg, name)
+    if str(field.type).startswith("tuple"):
+        return tuple(value)
+    if "None" in str(field.type) and not msg.HasField(name):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def gpu_health_from_pb(msg: types_pb2.GpuHealth) -> GpuHealth:
+    return GpuHealth(**{f.name: _reading(msg, f) for f in GPU_HEALTH_FIELDS})  # type: ignore[arg-type]
+
+
+def health_from_pb(msg: types_pb2.NodeHealth) -> HealthReport:
+    """An agent's health report as the core's typed value (the only place the
+    wire form of a report is read)."""
+    return HealthReport(
+        sampled_at=msg.sampled_at,
+        source=msg.source or "agent",
+        gpus=tuple(gpu_health_from_pb(g) for g in msg.gpus),
+        bmc_temps_c=tuple(t for t in msg.bmc_temps_c if math.isfinite(t)),
+        drift=tuple(msg.drift),
     )
 
 
-def message_to_plain(msg: Message) -> dict[str, Any]:
-    """A message as a dict of plain values: absent optional fields are None,
-    64-bit integers stay integers (unlike json_format, which makes strings)."""
-    out: dict[str, Any] = {}
-    for field in msg.DESCRIPTOR.fields:
-        value = getattr(msg, field.name)
-        if field.message_type is not None:
-            if field.is_repeated:
-                out[field.name] = [message_to_plain(v) for v in value]
-            else:
-                out[field.name] = message_to_plain(value) if msg.HasField(field.name) else None
-        elif field.is_repeated:
-            out[field.name] = list(value)
-        elif field.has_presence and not msg.HasField(field.name):
-            out[field.name] = None
-        else:
-            out[field.name] = value
-    return out
-
-
-def health_pb(health: dict[str, Any] | None) -> types_pb2.NodeHealth | None:
-    if not health:
+def health_pb(health: HealthReport | None) -> types_pb2.NodeHealth | None:
+    if health is None:
         return None
     msg = types_pb2.NodeHealth(
-        sampled_at=health.get("sampled_at", 0.0),
-        source=health.get("source", ""),
-        bmc_temps_c=health.get("bmc_temps_c") or [],
-        drift=health.get("drift") or [],
+        sampled_at=health.sampled_at,
+        source=health.source,
+        bmc_temps_c=list(health.bmc_temps_c),
+        drift=list(health.drift),
     )
-    for g in health.get("gpus") or []:
-        msg.gpus.append(types_pb2.GpuHealth(**{k: v for k, v in g.items() if v is not None}))
+    for g in health.gpus:
+        values = {k: v for k, v in dataclasses.asdict(g).items() if v is not None}
+        msg.gpus.append(types_pb2.GpuHealth(**values))
     return msg
 
 
@@ -153,64 +148,34 @@ def rack_pb(r: RackInfo) -> fleet_pb2.Rack:
     )
 
 
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(AllocationSpec) if f.name != "topology")
+
+
 def spec_from_pb(s: fleet_pb2.AllocationSpec) -> AllocationSpec:
-    return AllocationSpec(
-        nodes=s.nodes,
-        racks=s.racks,
-        gpu_model=s.gpu_model.strip().upper(),
-        topology=TOPOLOGY.get(s.topology, "any"),
-        preferred=s.preferred,
-        segment=s.segment,
-        spares_per_domain=s.spares_per_domain,
-        exclusive=s.exclusive,
-        queue=s.queue or "default",
-        priority=s.priority,
-        profile=s.profile,
+    spec = AllocationSpec(
+        topology=TOPOLOGY.get(s.topology, "any"), **{n: getattr(s, n) for n in SPEC_FIELDS}
+    )
+    return dataclasses.replace(
+        spec, gpu_model=spec.gpu_model.strip().upper(), queue=spec.queue or "default"
     )
 
 
 def spec_pb(s: AllocationSpec) -> fleet_pb2.AllocationSpec:
     return fleet_pb2.AllocationSpec(
-        nodes=s.nodes,
-        racks=s.racks,
-        gpu_model=s.gpu_model,
         topology=TOPOLOGY_PB.get(s.topology, fleet_pb2.TOPOLOGY_LEVEL_ANY),
-        preferred=s.preferred,
-        segment=s.segment,
-        spares_per_domain=s.spares_per_domain,
-        exclusive=s.exclusive,
-        queue=s.queue,
-        priority=s.priority,
-        profile=s.profile,
+        **{n: getattr(s, n) for n in SPEC_FIELDS},
     )
 
 
 def allocation_pb(a: AllocationInfo) -> fleet_pb2.Allocation:
-    return fleet_pb2.Allocation(
-        id=a.id,
-        key=a.key,
-        spec=spec_pb(a.spec),
-        state=ALLOCATION_STATE.get(a.state, 0),
-        reason=a.reason,
-        nodes=list(a.nodes),
-        spares=list(a.spares),
-        domains=list(a.domains),
-        created_at=a.created_at,
-        updated_at=a.updated_at,
-    )
+    fields = dataclasses.asdict(a)
+    fields.update(spec=spec_pb(a.spec), state=ALLOCATION_STATE.get(a.state, 0))
+    return fleet_pb2.Allocation(**fields)
 
 
 def event_pb(e: EventInfo) -> types_pb2.Event:
-    return types_pb2.Event(
-        seq=e.seq,
-        at=e.at,
-        kind=e.kind,
-        node=e.node,
-        allocation=e.allocation,
-        rule=e.rule,
-        reason=e.reason,
-        data_json=json.dumps(e.data, sort_keys=True),
-    )
+    fields = dataclasses.asdict(e)
+    return types_pb2.Event(data_json=json.dumps(fields.pop("data"), sort_keys=True), **fields)
 
 
 def power_progress_pb(r: PowerResult, done: int, total: int) -> fleet_pb2.PowerProgress:

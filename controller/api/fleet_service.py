@@ -10,9 +10,8 @@ import grpc
 from controller.api import convert
 from controller.api.errors import streaming, unary
 from controller.core.errors import InvalidArgument
-from controller.core.fleet import Fleet
-from controller.core.model import EnrollSpec
-from controller.placement import export_k8s_labels, export_slurm_topology
+from controller.core.fleet import Fleet, TopologyFormat
+from controller.core.model import EnrollSpec, PowerScope
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
@@ -35,7 +34,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def EnrollNode(
         self, request: fleet_pb2.EnrollNodeRequest, context: Ctx
     ) -> fleet_pb2.Node:
-        node = await self._fleet.nodes.enroll(
+        node = await self._fleet.enroll(
             EnrollSpec(
                 name=request.name,
                 bmc_url=request.bmc_url,
@@ -49,9 +48,6 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
                 profile=request.profile,
             )
         )
-        if request.profile:
-            self._fleet.profiles.get(request.profile)
-        self._fleet.lifecycle.wake()
         return convert.node_pb(node)
 
     @unary
@@ -61,18 +57,18 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         state = ""
         if request.state:
             state = types_pb2.NodeState.Name(request.state).removeprefix("NODE_STATE_").lower()
-        nodes = await self._fleet.nodes.query(rack=request.rack, state=state)
+        nodes = await self._fleet.list_nodes(rack=request.rack, state=state)
         return fleet_pb2.ListNodesResponse(nodes=[convert.node_pb(n) for n in nodes])
 
     @unary
     async def GetNode(self, request: fleet_pb2.GetNodeRequest, context: Ctx) -> fleet_pb2.Node:
-        return convert.node_pb(await self._fleet.nodes.get(request.name))
+        return convert.node_pb(await self._fleet.get_node(request.name))
 
     @unary
     async def PowerNode(
         self, request: fleet_pb2.PowerNodeRequest, context: Ctx
     ) -> fleet_pb2.PowerNodeResponse:
-        result = await self._fleet.nodes.power(request.name, _action(request.action))
+        result = await self._fleet.power(request.name, _action(request.action))
         return fleet_pb2.PowerNodeResponse(
             name=result.node, power=convert.power_pb(result.power), bmc_health=result.bmc_health
         )
@@ -81,21 +77,16 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def PowerNodes(
         self, request: fleet_pb2.PowerNodesRequest, context: Ctx
     ) -> AsyncIterator[fleet_pb2.PowerProgress]:
-        progress = self._fleet.nodes.power_many(
-            names=list(request.names),
-            rack=request.rack,
-            all_nodes=request.all,
-            action=_action(request.action),
-            concurrency=request.concurrency or 64,
+        scope = PowerScope(names=tuple(request.names), rack=request.rack, all_nodes=request.all)
+        progress = self._fleet.power_many(
+            scope, _action(request.action), concurrency=request.concurrency or 64
         )
         async for result, done, total in progress:
             yield convert.power_progress_pb(result, done, total)
 
     @unary
     async def DrainNode(self, request: fleet_pb2.DrainNodeRequest, context: Ctx) -> fleet_pb2.Node:
-        node = await self._fleet.nodes.drain(request.name, request.reason)
-        self._fleet.lifecycle.wake()
-        return convert.node_pb(node)
+        return convert.node_pb(await self._fleet.drain(request.name, request.reason))
 
     @unary
     async def UndrainNode(
@@ -107,43 +98,35 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def ListRacks(
         self, request: fleet_pb2.ListRacksRequest, context: Ctx
     ) -> fleet_pb2.ListRacksResponse:
-        racks = await self._fleet.nodes.racks()
+        racks = await self._fleet.list_racks()
         return fleet_pb2.ListRacksResponse(racks=[convert.rack_pb(r) for r in racks])
 
     @unary
     async def ExportTopology(
         self, request: fleet_pb2.ExportTopologyRequest, context: Ctx
     ) -> fleet_pb2.ExportTopologyResponse:
-        topology = await self._fleet.allocations.topology()
-        if request.format == fleet_pb2.TOPOLOGY_FORMAT_K8S_LABELS:
-            labels = export_k8s_labels(topology)
-            lines = [
-                f"{node} " + " ".join(f"{k}={v}" for k, v in sorted(kv.items()))
-                for node, kv in sorted(labels.items())
-            ]
-            return fleet_pb2.ExportTopologyResponse(text="\n".join(lines) + "\n")
-        return fleet_pb2.ExportTopologyResponse(text=export_slurm_topology(topology))
+        k8s = request.format == fleet_pb2.TOPOLOGY_FORMAT_K8S_LABELS
+        fmt = TopologyFormat.K8S_LABELS if k8s else TopologyFormat.SLURM
+        return fleet_pb2.ExportTopologyResponse(text=await self._fleet.export_topology(fmt))
 
     @unary
     async def CreateAllocation(
         self, request: fleet_pb2.CreateAllocationRequest, context: Ctx
     ) -> fleet_pb2.Allocation:
         spec = convert.spec_from_pb(request.spec)
-        if spec.profile:
-            self._fleet.profiles.get(spec.profile)
-        return convert.allocation_pb(await self._fleet.allocations.create(request.key, spec))
+        return convert.allocation_pb(await self._fleet.create_allocation(request.key, spec))
 
     @unary
     async def GetAllocation(
         self, request: fleet_pb2.GetAllocationRequest, context: Ctx
     ) -> fleet_pb2.Allocation:
-        return convert.allocation_pb(await self._fleet.allocations.get(request.id))
+        return convert.allocation_pb(await self._fleet.get_allocation(request.id))
 
     @unary
     async def ListAllocations(
         self, request: fleet_pb2.ListAllocationsRequest, context: Ctx
     ) -> fleet_pb2.ListAllocationsResponse:
-        allocs = await self._fleet.allocations.query(include_released=request.include_released)
+        allocs = await self._fleet.list_allocations(include_released=request.include_released)
         return fleet_pb2.ListAllocationsResponse(
             allocations=[convert.allocation_pb(a) for a in allocs]
         )
@@ -152,15 +135,13 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def ReleaseAllocation(
         self, request: fleet_pb2.ReleaseAllocationRequest, context: Ctx
     ) -> fleet_pb2.Allocation:
-        alloc = await self._fleet.allocations.release(request.id)
-        self._fleet.lifecycle.wake()
-        return convert.allocation_pb(alloc)
+        return convert.allocation_pb(await self._fleet.release(request.id))
 
     @streaming
     async def WatchEvents(
         self, request: fleet_pb2.WatchEventsRequest, context: Ctx
     ) -> AsyncIterator[types_pb2.Event]:
-        async for event in self._fleet.events.watch(
+        async for event in self._fleet.watch_events(
             request.after_seq,
             follow=request.follow,
             node=request.node,

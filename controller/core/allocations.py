@@ -10,27 +10,27 @@ node is never in two allocations, even across a controller restart.
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
-
-from controller.core import convert
 from controller.core.errors import (
     AlreadyExists,
+    DuplicateKey,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
 )
 from controller.core.eventlog import record
+from controller.core.kinds import EventKind
 from controller.core.model import AllocationInfo, AllocationSpec
 from controller.core.nodes import Nodes, validate_name
-from controller.core.states import FOR_ALLOCATION, NodeState
+from controller.core.ports import Store, Tx
+from controller.core.records import AllocationRecord, NodeRecord
+from controller.core.states import HOLDING, OPEN, AllocationState, NodeState
 from controller.core.transitions import move
 from controller.placement import (
     Booking,
@@ -46,12 +46,10 @@ from controller.placement import (
     replace_failed,
     schedule,
 )
-from controller.store.database import Database
-from controller.store.models import AllocationRow, NodeRow
 
 log = logging.getLogger(__name__)
 
-ACTIVE = ("preparing", "ready")
+A = AllocationState
 LEVELS = {level.value for level in Level}
 
 
@@ -69,67 +67,66 @@ def validate_spec(spec: AllocationSpec) -> None:
         validate_name("queue", spec.queue)
 
 
-def node_spec(row: NodeRow, schedulable: bool) -> NodeSpec:
-    rack = row.rack or row.name
+def node_spec(node: NodeRecord, schedulable: bool) -> NodeSpec:
+    rack = node.rack or node.name
     return NodeSpec(
-        name=row.name,
-        gpu_model=row.gpu_model or "unknown",
-        gpus=row.gpu_count,
-        domain=row.nvlink_domain or row.name,
+        name=node.name,
+        gpu_model=node.gpu_model or "unknown",
+        gpus=node.gpu_count,
+        domain=node.nvlink_domain or node.name,
         rack=rack,
-        leaf=row.leaf or rack,
-        spine=row.spine or "spine-0",
+        leaf=node.leaf or rack,
+        spine=node.spine or "spine-0",
         schedulable=schedulable,
     )
 
 
-def book(session: Session, node: NodeRow, ident: str, profile: str, why: str) -> bool:
+def book(tx: Tx, node: NodeRecord, ident: str, profile: str, why: str) -> bool:
     """Give ``node`` to allocation ``ident``; True when it must be prepared first."""
     node.allocation_id = ident
     if profile and node.applied_profile != profile:
-        node.operation = FOR_ALLOCATION + profile
-        move(session, node, NodeState.PREPARING, f"{why}; preparing to profile {profile}")
+        node.allocation_profile = profile
+        move(tx, node, NodeState.PREPARING, f"{why}; preparing to profile {profile}")
         return True
-    move(session, node, NodeState.ALLOCATED, why)
+    move(tx, node, NodeState.ALLOCATED, why)
     return False
 
 
-def mark_ready_if_prepared(session: Session, ident: str) -> None:
+def mark_ready_if_prepared(tx: Tx, ident: str) -> None:
     """Hand the allocation over once every one of its nodes is prepared."""
-    row = session.get(AllocationRow, ident)
-    if row is None or row.state != "preparing":
+    alloc = tx.allocations.get(ident)
+    if alloc is None or alloc.state != A.PREPARING:
         return
-    members = json.loads(row.nodes_json) + json.loads(row.spares_json)
-    for name in members:
-        node = session.get(NodeRow, name)
+    for name in alloc.members:
+        node = tx.nodes.get(name)
         if node is None or node.state != NodeState.ALLOCATED or node.allocation_id != ident:
             return
-    row.state = "ready"
-    row.reason = f"{len(json.loads(row.nodes_json))} nodes prepared and handed over"
-    row.updated_at = time.time()
-    session.add(row)
+    alloc.state = A.READY
+    alloc.reason = f"{len(alloc.nodes)} nodes prepared and handed over"
+    alloc.updated_at = time.time()
+    tx.allocations.save(alloc)
     record(
-        session,
-        "allocation.ready",
+        tx,
+        EventKind.ALLOCATION_READY,
         allocation=ident,
-        reason=row.reason,
-        nodes=json.loads(row.nodes_json),
-        spares=json.loads(row.spares_json),
-        domains=json.loads(row.domains_json),
+        reason=alloc.reason,
+        nodes=alloc.nodes,
+        spares=alloc.spares,
+        domains=alloc.domains,
     )
 
 
-def might_fit_once_inspected(spec: AllocationSpec, rows: Sequence[NodeRow]) -> bool:
+def might_fit_once_inspected(spec: AllocationSpec, nodes: Sequence[NodeRecord]) -> bool:
     """Whether nodes whose GPUs are not known yet could still make ``spec`` fit.
 
     Their GPUs could be anything, but their number and racks are known: a
     request for more nodes (or racks) than are enrolled never fits.
     """
-    if all(r.gpu_count > 0 for r in rows):
+    if all(n.gpu_count > 0 for n in nodes):
         return False
-    if spec.nodes > len(rows):
+    if spec.nodes > len(nodes):
         return False
-    return spec.racks <= len({r.rack or r.name for r in rows})
+    return spec.racks <= len({n.rack or n.name for n in nodes})
 
 
 def request_for(key: str, spec: AllocationSpec, submitted: int) -> Request:
@@ -149,28 +146,37 @@ def request_for(key: str, spec: AllocationSpec, submitted: int) -> Request:
     )
 
 
-def to_request(row: AllocationRow) -> Request:
-    spec = AllocationSpec.from_dict(json.loads(row.spec_json))
-    return request_for(row.id, spec, row.submitted)
+def to_request(alloc: AllocationRecord) -> Request:
+    return request_for(alloc.id, alloc.spec, alloc.submitted)
 
 
-def to_booking(row: AllocationRow, gpus_per_node: dict[str, int]) -> Booking:
-    spec = AllocationSpec.from_dict(json.loads(row.spec_json))
-    nodes = tuple(json.loads(row.nodes_json))
+def to_booking(alloc: AllocationRecord, gpus_per_node: dict[str, int]) -> Booking:
     return Booking(
-        key=row.id,
-        nodes=nodes,
-        spares=tuple(json.loads(row.spares_json)),
-        domains=tuple(json.loads(row.domains_json)),
-        exclusive=spec.exclusive,
-        queue=spec.queue or "default",
-        gpus=sum(gpus_per_node.get(n, 0) for n in nodes),
+        key=alloc.id,
+        nodes=tuple(alloc.nodes),
+        spares=tuple(alloc.spares),
+        domains=tuple(alloc.domains),
+        exclusive=alloc.spec.exclusive,
+        queue=alloc.spec.queue or "default",
+        gpus=sum(gpus_per_node.get(n, 0) for n in alloc.nodes),
     )
 
 
+INFO_FIELDS = tuple(f.name for f in dataclasses.fields(AllocationInfo))
+
+
+def allocation_info(alloc: AllocationRecord) -> AllocationInfo:
+    """The record as the frozen value the API layer sees (lists become tuples)."""
+    values: dict[str, Any] = {}
+    for name in INFO_FIELDS:
+        value = getattr(alloc, name)
+        values[name] = tuple(value) if isinstance(value, list) else value
+    return AllocationInfo(**values)
+
+
 class Allocations:
-    def __init__(self, db: Database, nodes: Nodes, *, queues: Sequence[QueueConfig] = ()) -> None:
-        self._db = db
+    def __init__(self, store: Store, nodes: Nodes, *, queues: Sequence[QueueConfig] = ()) -> None:
+        self._store = store
         self._nodes = nodes
         self._queues = tuple(queues)
         self._lock = asyncio.Lock()
@@ -179,25 +185,21 @@ class Allocations:
         self._generation = 0
 
     async def get(self, ident: str) -> AllocationInfo:
-        def query(session: Session) -> AllocationInfo:
-            row = (
-                session.get(AllocationRow, ident)
-                or session.exec(select(AllocationRow).where(AllocationRow.key == ident)).first()
-            )
-            if row is None:
-                raise NotFound(kind="allocation", name=ident)
-            return convert.allocation_info(row)
+        """By id or idempotency key. Raises NotFound."""
 
-        return await self._db.read(query)
+        def query(tx: Tx) -> AllocationInfo:
+            alloc = tx.allocations.get(ident) or tx.allocations.by_key(ident)
+            if alloc is None:
+                raise NotFound(kind="allocation", name=ident)
+            return allocation_info(alloc)
+
+        return await self._store.read(query)
 
     async def query(self, *, include_released: bool = False) -> list[AllocationInfo]:
-        def query(session: Session) -> list[AllocationInfo]:
-            stmt = select(AllocationRow).order_by(col(AllocationRow.submitted))
-            if not include_released:
-                stmt = stmt.where(col(AllocationRow.state).in_(("pending", *ACTIVE)))
-            return [convert.allocation_info(r) for r in session.exec(stmt)]
-
-        return await self._db.read(query)
+        states = None if include_released else OPEN
+        return await self._store.read(
+            lambda tx: [allocation_info(a) for a in tx.allocations.find(states)]
+        )
 
     def _snapshot(self, specs: Iterable[NodeSpec]) -> Topology:
         """The topology for ``specs``: the cached snapshot while the inventory
@@ -211,8 +213,8 @@ class Allocations:
 
     async def topology(self) -> Topology:
         """The current snapshot of the fleet's topology (for exports)."""
-        rows = await self._nodes.rows()
-        return self._snapshot(node_spec(r, self._nodes.usable(r)) for r in rows)
+        nodes = await self._nodes.records()
+        return self._snapshot(node_spec(n, self._nodes.usable(n)) for n in nodes)
 
     async def create(self, key: str, spec: AllocationSpec) -> AllocationInfo:
         """Queue a gang request and try to place it at once.
@@ -233,36 +235,31 @@ class Allocations:
             return self._same_or_conflict(existing, key, spec)
         await self._refuse_if_never_fits(spec)
 
-        def write(session: Session) -> str:
+        def write(tx: Tx) -> str:
             now = time.time()
-            last = session.exec(
-                select(AllocationRow.submitted).order_by(col(AllocationRow.submitted).desc())
-            ).first()
-            row = AllocationRow(
+            alloc = AllocationRecord(
                 id=f"alloc-{uuid.uuid4().hex[:10]}",
                 key=key,
-                spec_json=json.dumps(spec.to_dict(), sort_keys=True),
-                queue=spec.queue or "default",
-                priority=spec.priority,
-                submitted=(last or 0) + 1,
+                spec=spec,
+                submitted=tx.allocations.last_submitted() + 1,
                 reason="queued",
                 created_at=now,
                 updated_at=now,
             )
-            session.add(row)
+            tx.allocations.add(alloc)
             record(
-                session,
-                "allocation.created",
-                allocation=row.id,
+                tx,
+                EventKind.ALLOCATION_CREATED,
+                allocation=alloc.id,
                 reason="requested",
                 key=key,
                 spec=spec.to_dict(),
             )
-            return row.id
+            return alloc.id
 
         try:
-            ident = await self._db.tx(write)
-        except IntegrityError:
+            ident = await self._store.tx(write)
+        except DuplicateKey:
             existing = await self._by_key(key)  # lost a race for the same key
             if existing is None:
                 raise
@@ -281,11 +278,11 @@ class Allocations:
         return existing
 
     async def _by_key(self, key: str) -> AllocationInfo | None:
-        def query(session: Session) -> AllocationInfo | None:
-            row = session.exec(select(AllocationRow).where(AllocationRow.key == key)).first()
-            return convert.allocation_info(row) if row else None
+        def query(tx: Tx) -> AllocationInfo | None:
+            alloc = tx.allocations.by_key(key)
+            return allocation_info(alloc) if alloc else None
 
-        return await self._db.read(query)
+        return await self._store.read(query)
 
     async def _refuse_if_never_fits(self, spec: AllocationSpec) -> None:
         """Refuse a request that no use of the known fleet could ever satisfy.
@@ -293,12 +290,12 @@ class Allocations:
         While some nodes' GPUs are still unknown (enrolled, not yet inspected)
         the fleet may be bigger than it looks, so the request is queued instead.
         """
-        rows = await self._nodes.rows()
-        whole_fleet = Topology.build(node_spec(r, r.gpu_count > 0) for r in rows)
+        nodes = await self._nodes.records()
+        whole_fleet = Topology.build(node_spec(n, n.gpu_count > 0) for n in nodes)
         request = request_for("check", spec, submitted=0)
         request.validate()
         verdict = place(whole_fleet, Usage.from_bookings(whole_fleet, ()), request)
-        if isinstance(verdict, NoFit) and not might_fit_once_inspected(spec, rows):
+        if isinstance(verdict, NoFit) and not might_fit_once_inspected(spec, nodes):
             raise FailedPrecondition(f"this request can never fit the fleet: {verdict.reason}")
 
     async def release(self, ident: str) -> AllocationInfo:
@@ -308,129 +305,127 @@ class Allocations:
         """
         info = await self.get(ident)
 
-        def write(session: Session) -> None:
-            row = session.get(AllocationRow, info.id)
-            if row is None or row.state in ("released", "failed"):
+        def write(tx: Tx) -> None:
+            alloc = tx.allocations.get(info.id)
+            if alloc is None or alloc.state in (A.RELEASED, A.FAILED):
                 return
-            for node in session.exec(select(NodeRow).where(NodeRow.allocation_id == row.id)):
+            for node in tx.nodes.held_by(alloc.id):
                 node.allocation_id = ""
-                if node.operation.startswith(FOR_ALLOCATION):
-                    node.operation = ""  # still preparing: go to the node's own baseline
-                session.add(node)
+                # Still preparing for the allocation: go to the node's own baseline.
+                node.allocation_profile = None
+                tx.nodes.save(node)
                 if node.state == NodeState.ALLOCATED:
-                    move(session, node, NodeState.RELEASING, f"released by {row.id}")
-            row.state = "released"
-            row.reason = "released"
-            row.updated_at = time.time()
-            session.add(row)
+                    move(tx, node, NodeState.RELEASING, f"released by {alloc.id}")
+            alloc.state = A.RELEASED
+            alloc.reason = "released"
+            alloc.updated_at = time.time()
+            tx.allocations.save(alloc)
             record(
-                session,
-                "allocation.released",
-                allocation=row.id,
+                tx,
+                EventKind.ALLOCATION_RELEASED,
+                allocation=alloc.id,
                 reason="released",
-                nodes=json.loads(row.nodes_json),
+                nodes=alloc.nodes,
             )
 
-        await self._db.tx(write)
+        await self._store.tx(write)
         await self.schedule_pass()
         return await self.get(info.id)
 
     async def schedule_pass(self) -> None:
         """Admit what fits now, in queue order; note why the rest waits."""
         async with self._lock:
-            rows, active, pending = await self._db.read(self._load)
+            nodes, active, pending = await self._store.read(self._load)
             if not pending:
                 return
-            topology = self._snapshot(node_spec(r, self._nodes.usable(r)) for r in rows)
-            gpus = {r.name: r.gpu_count for r in rows}
+            topology = self._snapshot(node_spec(n, self._nodes.usable(n)) for n in nodes)
+            gpus = {n.name: n.gpu_count for n in nodes}
             usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
             result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
             waiting, rejected = dict(result.waiting), dict(result.rejected)
-            specs = {p.id: AllocationSpec.from_dict(json.loads(p.spec_json)) for p in pending}
-            uninspected = sum(1 for r in rows if r.gpu_count == 0)
+            specs = {p.id: p.spec for p in pending}
+            uninspected = sum(1 for n in nodes if n.gpu_count == 0)
             for ident, reason in list(rejected.items()):
-                if might_fit_once_inspected(specs[ident], rows):  # wait, don't refuse yet
+                if might_fit_once_inspected(specs[ident], nodes):  # wait, don't refuse yet
                     waiting[ident] = f"{reason} (yet: {uninspected} node(s) still being inspected)"
                     del rejected[ident]
-            await self._db.tx(lambda s: self._apply(s, result.admitted, waiting, rejected))
+            await self._store.tx(lambda tx: self._apply(tx, result.admitted, waiting, rejected))
 
     @staticmethod
     def _load(
-        session: Session,
-    ) -> tuple[list[NodeRow], list[AllocationRow], list[AllocationRow]]:
-        rows = list(session.exec(select(NodeRow)))
-        allocs = list(
-            session.exec(
-                select(AllocationRow)
-                .where(col(AllocationRow.state).in_(("pending", *ACTIVE)))
-                .order_by(col(AllocationRow.submitted))
-            )
-        )
+        tx: Tx,
+    ) -> tuple[list[NodeRecord], list[AllocationRecord], list[AllocationRecord]]:
+        allocs = tx.allocations.find(OPEN)
         return (
-            rows,
-            [a for a in allocs if a.state != "pending"],
-            [a for a in allocs if a.state == "pending"],
+            tx.nodes.find(),
+            [a for a in allocs if a.state in HOLDING],
+            [a for a in allocs if a.state == A.PENDING],
         )
 
     def _apply(
         self,
-        session: Session,
+        tx: Tx,
         admitted: dict[str, Placement],
         waiting: dict[str, str],
         rejected: dict[str, str],
     ) -> None:
         now = time.time()
         for ident, placement in admitted.items():
-            row = session.get(AllocationRow, ident)
-            if row is None or row.state != "pending":
+            alloc = tx.allocations.get(ident)
+            if alloc is None or alloc.state != A.PENDING:
                 continue
-            members = [session.get(NodeRow, n) for n in placement.nodes + placement.spares]
-            if any(
-                m is None or m.allocation_id or m.state != NodeState.READY or m.drained
+            members = [tx.nodes.get(n) for n in placement.nodes + placement.spares]
+            free = [
+                m
                 for m in members
-            ):
+                if m is not None
+                and not m.allocation_id
+                and m.state == NodeState.READY
+                and not m.drained
+            ]
+            if len(free) != len(members):
                 continue  # inventory moved under us; the next pass decides again
-            spec = AllocationSpec.from_dict(json.loads(row.spec_json))
+            profile = alloc.spec.profile
             preparing = False
-            for m in members:
-                assert m is not None
+            for m in free:
                 why = f"{'hot spare for' if m.name in placement.spares else 'allocated to'} {ident}"
-                preparing |= book(session, m, ident, spec.profile, why)
-            row.nodes_json = json.dumps(list(placement.nodes))
-            row.spares_json = json.dumps(list(placement.spares))
-            row.domains_json = json.dumps(list(placement.domains))
-            row.updated_at = now
+                preparing |= book(tx, m, ident, profile, why)
+            alloc.nodes = list(placement.nodes)
+            alloc.spares = list(placement.spares)
+            alloc.domains = list(placement.domains)
+            alloc.updated_at = now
             where = f"{len(placement.nodes)} nodes in {len(placement.domains)} NVLink domain(s)"
-            extra = {"profile": spec.profile} if preparing else {}
-            row.state = "preparing" if preparing else "ready"
-            row.reason = f"{where}; preparing to profile {spec.profile}" if preparing else where
+            extra = {"profile": profile} if preparing else {}
+            alloc.state = A.PREPARING if preparing else A.READY
+            alloc.reason = f"{where}; preparing to profile {profile}" if preparing else where
+            kind = EventKind.ALLOCATION_PREPARING if preparing else EventKind.ALLOCATION_READY
             record(
-                session,
-                f"allocation.{row.state}",
+                tx,
+                kind,
                 allocation=ident,
-                reason=row.reason,
+                reason=alloc.reason,
                 nodes=list(placement.nodes),
                 spares=list(placement.spares),
                 domains=list(placement.domains),
                 **extra,
             )
-            session.add(row)
-            log.info("allocation %s: %s on %s", ident, row.state, ",".join(placement.nodes))
+            tx.allocations.save(alloc)
+            log.info("allocation %s: %s on %s", ident, alloc.state, ",".join(placement.nodes))
         for ident, reason in waiting.items():
-            row = session.get(AllocationRow, ident)
-            if row is not None and row.state == "pending" and row.reason != reason:
-                row.reason = reason
-                row.updated_at = now
-                session.add(row)
-                record(session, "allocation.waiting", allocation=ident, reason=reason)
+            alloc = tx.allocations.get(ident)
+            if alloc is not None and alloc.state == A.PENDING and alloc.reason != reason:
+                alloc.reason = reason
+                alloc.updated_at = now
+                tx.allocations.save(alloc)
+                record(tx, EventKind.ALLOCATION_WAITING, allocation=ident, reason=reason)
         for ident, reason in rejected.items():
-            row = session.get(AllocationRow, ident)
-            if row is not None and row.state == "pending":
-                row.state = "failed"
-                row.reason = reason
-                row.updated_at = now
-                session.add(row)
-                record(session, "allocation.failed", allocation=ident, reason=reason)
+            alloc = tx.allocations.get(ident)
+            if alloc is not None and alloc.state == A.PENDING:
+                alloc.state = A.FAILED
+                alloc.reason = reason
+                alloc.updated_at = now
+                tx.allocations.save(alloc)
+                record(tx, EventKind.ALLOCATION_FAILED, allocation=ident, reason=reason)
 
     async def node_failed(self, node: str, reason: str) -> None:
         """Take a failed node out of its allocation and replace it.
@@ -442,65 +437,60 @@ class Allocations:
         other booking, under the scheduling lock.
         """
         async with self._lock:
-            rows, active, _ = await self._db.read(self._load)
-            holder = next(
-                (
-                    a
-                    for a in active
-                    if node in json.loads(a.nodes_json) or node in json.loads(a.spares_json)
-                ),
-                None,
-            )
+            nodes, active, _ = await self._store.read(self._load)
+            holder = next((a for a in active if node in a.members), None)
             if holder is None:
                 return
             topology = Topology.build(
-                node_spec(r, self._nodes.usable(r) and r.name != node) for r in rows
+                node_spec(n, self._nodes.usable(n) and n.name != node) for n in nodes
             )
-            gpus = {r.name: r.gpu_count for r in rows}
+            gpus = {n.name: n.gpu_count for n in nodes}
             bookings = [to_booking(a, gpus) for a in active]
             usage = Usage.from_bookings(topology, bookings)
             booking = next(b for b in bookings if b.key == holder.id)
             outcome = replace_failed(topology, usage, booking, node)
-            await self._db.tx(
-                lambda s: self._apply_replacement(s, holder.id, booking, node, outcome, reason)
+            await self._store.tx(
+                lambda tx: self._apply_replacement(tx, holder.id, booking, node, outcome, reason)
             )
 
     def _apply_replacement(
         self,
-        session: Session,
+        tx: Tx,
         ident: str,
         before: Booking,
         failed: str,
         outcome: Booking | NoFit,
         reason: str,
     ) -> None:
-        row = session.get(AllocationRow, ident)
-        failed_row = session.get(NodeRow, failed)
-        if row is None or failed_row is None:
+        alloc = tx.allocations.get(ident)
+        failed_node = tx.nodes.get(failed)
+        if alloc is None or failed_node is None:
             return
-        failed_row.allocation_id = ""
-        session.add(failed_row)
+        failed_node.allocation_id = ""
+        failed_node.allocation_profile = None
+        tx.nodes.save(failed_node)
         if isinstance(outcome, NoFit):
             nodes = [n for n in before.nodes if n != failed]
             spares = [n for n in before.spares if n != failed]
-            row.reason = f"degraded: {failed} failed ({reason}); no replacement: {outcome.reason}"
-            kind = "allocation.degraded"
+            alloc.reason = f"degraded: {failed} failed ({reason}); no replacement: {outcome.reason}"
+            kind = EventKind.ALLOCATION_DEGRADED
             data: dict[str, Any] = {"failed": failed}
         else:
             nodes, spares = list(outcome.nodes), list(outcome.spares)
             added = (set(nodes) | set(spares)) - (set(before.nodes) | set(before.spares))
             for name in added:
-                fresh = session.get(NodeRow, name)
+                fresh = tx.nodes.get(name)
                 if fresh is None or fresh.allocation_id or fresh.state != NodeState.READY:
                     raise FailedPrecondition(f"replacement {name} is no longer free")
-                spec = AllocationSpec.from_dict(json.loads(row.spec_json))
-                book(session, fresh, ident, spec.profile, f"replacement in {ident}")
+                book(tx, fresh, ident, alloc.spec.profile, f"replacement in {ident}")
             replacement = [n for n in nodes if n not in before.nodes]
-            row.reason = f"{failed} failed ({reason}); replaced by {', '.join(replacement) or '-'}"
-            kind = "allocation.node_replaced"
+            alloc.reason = (
+                f"{failed} failed ({reason}); replaced by {', '.join(replacement) or '-'}"
+            )
+            kind = EventKind.ALLOCATION_NODE_REPLACED
             data = {"failed": failed, "replacement": replacement, "spares_left": spares}
-        row.nodes_json = json.dumps(nodes)
-        row.spares_json = json.dumps(spares)
-        row.updated_at = time.time()
-        session.add(row)
-        record(session, kind, allocation=ident, node=failed, reason=row.reason, **data)
+        alloc.nodes = nodes
+        alloc.spares = spares
+        alloc.updated_at = time.time()
+        tx.allocations.save(alloc)
+        record(tx, kind, allocation=ident, node=failed, reason=alloc.reason, **data)

@@ -75,3 +75,9 @@ class BmcAuthenticationFailed(BmcError):
 
 class BmcTimeout(BmcError, Unavailable):
     template = "BMC %(host)s did not finish %(operation)s within %(seconds)ss"
+
+
+class DuplicateKey(AlreadyExists):
+    """A store refused a second record with a unique key (a lost race)."""
+
+    template = "%(detail)s"

@@ -6,38 +6,57 @@ and the event log together. It knows nothing of gRPC or of BMC libraries.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any
-
-from cryptography.fernet import Fernet
 
 from controller.core.agents import AgentHub, AgentSession
 from controller.core.allocations import Allocations
 from controller.core.errors import InvalidArgument
 from controller.core.eventlog import EventLog
+from controller.core.health import HealthReport
 from controller.core.health_policy import PolicyRunner
 from controller.core.lifecycle import Lifecycle
-from controller.core.model import AgentCommand, CommandOutcome, GpuInfo, NodeInfo
+from controller.core.model import (
+    AgentCommand,
+    AllocationInfo,
+    AllocationSpec,
+    CommandOutcome,
+    EnrollSpec,
+    EventInfo,
+    GpuInfo,
+    NodeInfo,
+    PowerResult,
+    PowerScope,
+    RackInfo,
+)
 from controller.core.nodes import Nodes
-from controller.core.ports import BmcGateway
+from controller.core.ports import BmcGateway, Store
 from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.tasks import BackgroundTasks
-from controller.placement import QueueConfig
+from controller.placement import (
+    QueueConfig,
+    export_k8s_labels_text,
+    export_slurm_topology,
+)
 from controller.policies import PolicyEngine, RuleSet, load_default_rules
-from controller.store.database import Database
-from controller.store.secrets import SecretBox
 
 log = logging.getLogger(__name__)
+
+
+class TopologyFormat(enum.StrEnum):
+    SLURM = "slurm"  # topology.conf for Slurm's topology/block plugin
+    K8S_LABELS = "k8s_labels"  # one line of node labels per node
 
 
 class Fleet:
     def __init__(
         self,
-        db: Database,
+        store: Store,
         bmc: BmcGateway,
         *,
         profiles: ProfileCatalog | None = None,
@@ -46,20 +65,19 @@ class Fleet:
         sample_interval: float = 5.0,
         rules: RuleSet | None = None,
         power_sync_interval: float = 60.0,
-        secrets: SecretBox | None = None,
         prep_limits: PrepLimits | None = None,
         agent_silent_after: float = 15.0,
         bmc_thermal_interval: float = 10.0,
     ) -> None:
-        self.db = db
+        self.store = store
         self.bmc = bmc
         self.profiles = profiles or ProfileCatalog()
         self.agents = AgentHub()
-        self.events = EventLog(db)
-        self.nodes = Nodes(db, bmc, self.agents, secrets or SecretBox(Fernet.generate_key()))
-        self.allocations = Allocations(db, self.nodes, queues=queues)
+        self.events = EventLog(store)
+        self.nodes = Nodes(store, bmc, self.agents)
+        self.allocations = Allocations(store, self.nodes, queues=queues)
         self.lifecycle = Lifecycle(
-            db,
+            store,
             self.nodes,
             self.agents,
             bmc,
@@ -70,7 +88,7 @@ class Fleet:
             preparer=Preparer(bmc, prep_limits),
         )
         self.policies = PolicyRunner(
-            db,
+            store,
             self.nodes,
             self.agents,
             bmc,
@@ -79,7 +97,7 @@ class Fleet:
             silent_after=agent_silent_after,
             bmc_sample_interval=bmc_thermal_interval,
         )
-        self.power_sync = PowerSync(db, self.nodes, bmc, interval=power_sync_interval)
+        self.power_sync = PowerSync(store, self.nodes, bmc, interval=power_sync_interval)
         self.sample_interval = sample_interval
         self._loops = BackgroundTasks()
         self._background = BackgroundTasks()
@@ -94,6 +112,82 @@ class Fleet:
         await self._background.stop()
         await self.lifecycle.stop()
         await self.policies.stop()
+
+    # -- nodes -----------------------------------------------------------------
+
+    async def enroll(self, spec: EnrollSpec) -> NodeInfo:
+        """Enrol a node (idempotent). Everything is checked before anything is
+        stored: a bad name or BMC, or an unknown profile, stores nothing.
+
+        Raises:
+            InvalidArgument, NotFound (the profile), AlreadyExists.
+        """
+        self.nodes.validate(spec)
+        if spec.profile:
+            self.profiles.get(spec.profile)
+        node = await self.nodes.enroll(spec)
+        self.lifecycle.wake()
+        return node
+
+    async def get_node(self, name: str) -> NodeInfo:
+        return await self.nodes.get(name)
+
+    async def list_nodes(self, *, rack: str = "", state: str = "") -> list[NodeInfo]:
+        return await self.nodes.query(rack=rack, state=state)
+
+    async def list_racks(self) -> list[RackInfo]:
+        return await self.nodes.racks()
+
+    async def power(self, name: str, action: str) -> PowerResult:
+        return await self.nodes.power(name, action)
+
+    def power_many(
+        self, scope: PowerScope, action: str, *, concurrency: int = 64
+    ) -> AsyncIterator[tuple[PowerResult, int, int]]:
+        """See ``Nodes.power_many``."""
+        return self.nodes.power_many(scope, action, concurrency=concurrency)
+
+    async def drain(self, name: str, reason: str) -> NodeInfo:
+        node = await self.nodes.drain(name, reason)
+        self.lifecycle.wake()
+        return node
+
+    async def undrain(self, node: str) -> NodeInfo:
+        """Return a node to service; its health episodes start afresh."""
+        info = await self.nodes.undrain(node)
+        self.policies.forget(node)
+        self.lifecycle.wake()
+        return info
+
+    async def export_topology(self, fmt: TopologyFormat) -> str:
+        topology = await self.allocations.topology()
+        if fmt == TopologyFormat.K8S_LABELS:
+            return export_k8s_labels_text(topology)
+        return export_slurm_topology(topology)
+
+    # -- allocations -------------------------------------------------------------
+
+    async def create_allocation(self, key: str, spec: AllocationSpec) -> AllocationInfo:
+        """Raises NotFound for an unknown profile, before anything is stored."""
+        if spec.profile:
+            self.profiles.get(spec.profile)
+        return await self.allocations.create(key, spec)
+
+    async def get_allocation(self, ident: str) -> AllocationInfo:
+        return await self.allocations.get(ident)
+
+    async def list_allocations(self, *, include_released: bool = False) -> list[AllocationInfo]:
+        return await self.allocations.query(include_released=include_released)
+
+    async def release(self, ident: str) -> AllocationInfo:
+        allocation = await self.allocations.release(ident)
+        self.lifecycle.wake()
+        return allocation
+
+    def watch_events(
+        self, after_seq: int = 0, *, follow: bool = True, node: str = "", allocation: str = ""
+    ) -> AsyncIterator[EventInfo]:
+        return self.events.watch(after_seq, follow=follow, node=node, allocation=allocation)
 
     # -- agents ----------------------------------------------------------------
 
@@ -121,17 +215,14 @@ class Fleet:
             log.info("node %s: agent disconnected", session.node)
             await self.nodes.agent_gone(session.node)
 
-    async def agent_health(self, node: str, health: dict[str, Any]) -> None:
+    async def agent_health(self, node: str, health: HealthReport) -> None:
         rack = await self.nodes.agent_health(node, health)
         if rack is not None:
             await self.policies.observe(node, rack, health)
 
-    async def undrain(self, node: str) -> NodeInfo:
-        """Return a node to service; its health episodes start afresh."""
-        info = await self.nodes.undrain(node)
-        self.policies.forget(node)
-        self.lifecycle.wake()
-        return info
+    def agent_result(self, session: AgentSession, command_id: str, outcome: CommandOutcome) -> None:
+        """An agent's answer to a command it was sent."""
+        self.agents.resolve(session, command_id, outcome)
 
     async def inject_fault(self, node: str, fault_json: str) -> CommandOutcome:
         """Forward a fault to a simulated node's fake NVML (simulated fleets only)."""

@@ -12,91 +12,50 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
-
-from sqlmodel import Session
 
 from controller.core.agents import AgentHub
 from controller.core.errors import KilnError
 from controller.core.eventlog import record
+from controller.core.health import GpuHealth, HealthReport
+from controller.core.kinds import EventKind
 from controller.core.nodes import Nodes
-from controller.core.ports import BmcGateway
-from controller.core.states import OUT_OF_SERVICE, NodeState
+from controller.core.ports import BmcGateway, Store, Tx
+from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
 from controller.policies import Action, ActionKind, GpuReading, HealthSample, PolicyEngine
-from controller.store.database import Database
-from controller.store.models import NodeRow
 
 log = logging.getLogger(__name__)
 
 WATCHED = (NodeState.READY, NodeState.ALLOCATED, NodeState.DRAINING, NodeState.PREPARING)
 
 
-def _num(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return None if math.isnan(number) else number
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    number = _num(value)
-    return int(number) if number is not None and number.is_integer() else None
-
-
-def _flag(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def _gpu_reading(g: Any) -> GpuReading | None:
-    if not isinstance(g, dict):
-        return None
-    index = _int(g.get("index", 0))
-    if index is None or index < 0:
-        return None
-    xids = g.get("xids")
-    codes = [_int(x) for x in xids] if isinstance(xids, list | tuple) else []
+def gpu_reading(g: GpuHealth) -> GpuReading:
     return GpuReading(
-        index=index,
-        temp_c=_num(g.get("temp_c")),
-        slowdown_c=_num(g.get("slowdown_c")),
-        shutdown_c=_num(g.get("shutdown_c")),
-        dbe_volatile=_int(g.get("ecc_dbe_volatile")),
-        remap_failure=_flag(g.get("remap_failure")),
-        remap_pending=_flag(g.get("remap_pending")),
-        xids=tuple(x for x in codes if x is not None),
-        lost=g.get("lost") is True,
+        index=g.index,
+        temp_c=g.temp_c,
+        slowdown_c=g.slowdown_c,
+        shutdown_c=g.shutdown_c,
+        dbe_volatile=g.ecc_dbe_volatile,
+        remap_failure=g.remap_failure,
+        remap_pending=g.remap_pending,
+        xids=g.xids,
+        lost=g.lost,
     )
 
 
-def sample_from_report(node: str, rack: str, at: float, health: dict[str, Any]) -> HealthSample:
-    """An agent's health report (plain dict of the NodeHealth message) as a sample.
-
-    Never raises on a malformed report: a GPU entry that is not an object or
-    has no usable index is left out, and any value of the wrong type, NaN or
-    unparseable becomes ``None`` (unknown), which no rule acts on.
-    """
-    entries = health.get("gpus") if isinstance(health, dict) else None
-    gpus = [_gpu_reading(g) for g in entries] if isinstance(entries, list | tuple) else []
+def sample_from_report(node: str, rack: str, at: float, health: HealthReport) -> HealthSample:
+    """An agent's health report as a sample for the policy engine."""
     return HealthSample(
         node=node,
         rack=rack,
         at=at,
         source="agent",
-        gpus=tuple(g for g in gpus if g is not None),
+        gpus=tuple(gpu_reading(g) for g in health.gpus),
     )
 
 
@@ -111,7 +70,7 @@ class PolicyRunner:
 
     def __init__(
         self,
-        db: Database,
+        store: Store,
         nodes: Nodes,
         agents: AgentHub,
         bmc: BmcGateway,
@@ -123,7 +82,7 @@ class PolicyRunner:
         bmc_sample_interval: float = 10.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._db = db
+        self._store = store
         self._nodes = nodes
         self._agents = agents
         self._bmc = bmc
@@ -137,11 +96,8 @@ class PolicyRunner:
         self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._workers = BackgroundTasks()
 
-    async def observe(self, node: str, rack: str, health: dict[str, Any]) -> None:
-        """Evaluate one agent report of ``node`` and carry out what it triggers.
-
-        A malformed report counts as unknown readings; it never raises.
-        """
+    async def observe(self, node: str, rack: str, health: HealthReport) -> None:
+        """Evaluate one agent report of ``node`` and carry out what it triggers."""
         sample = sample_from_report(node, rack, self._clock(), health)
         self._dispatch(self.engine.observe(sample))
 
@@ -156,10 +112,10 @@ class PolicyRunner:
 
     async def _sample_silent_nodes(self) -> None:
         now = self._clock()
-        for row in await self._nodes.rows():
+        for row in await self._nodes.records():
             if (
                 row.state not in WATCHED
-                or row.power != "on"
+                or row.power != PowerState.ON
                 or self._agents.is_connected(row.name)
                 or now - row.agent_last_seen < self.silent_after
                 or now - self._last_bmc_sample.get(row.name, 0.0) < self.bmc_sample_interval
@@ -167,7 +123,7 @@ class PolicyRunner:
                 continue
             self._last_bmc_sample[row.name] = now
             try:
-                temps = await self._bmc.thermal_c(self._nodes.target(row))
+                temps = await self._bmc.thermal_c(await self._nodes.target(row))
             except KilnError as e:
                 log.info("node %s: agent silent and BMC thermal unreadable: %s", row.name, e)
                 continue
@@ -211,14 +167,14 @@ class PolicyRunner:
                         e,
                     )
                     failure = f"failed: {e}"
-                    await self._db.tx(partial(self._note, action=action, outcome=failure))
+                    await self._store.tx(partial(self._note, action=action, outcome=failure))
 
-    def _note(self, session: Session, action: Action, outcome: str) -> str:
-        row = session.get(NodeRow, action.node)
-        allocation = row.allocation_id if row is not None else ""
+    def _note(self, tx: Tx, action: Action, outcome: str) -> str:
+        node = tx.nodes.get(action.node)
+        allocation = node.allocation_id if node is not None else ""
         record(
-            session,
-            "policy.action",
+            tx,
+            EventKind.POLICY_ACTION,
             node=action.node,
             allocation=allocation,
             rule=action.rule,
@@ -233,38 +189,38 @@ class PolicyRunner:
     async def _one(self, action: Action) -> None:
         if not action.executable:
             why = "dry run" if action.dry_run else f"held back ({action.suppressed})"
-            await self._db.tx(lambda s: self._note(s, action, why))
+            await self._store.tx(lambda tx: self._note(tx, action, why))
             return
         kind = action.kind
         log.warning(
             "node %s: policy %s → %s (%s)", action.node, action.rule, kind.value, action.reason
         )
         if kind == ActionKind.NOTIFY_JOB:
-            await self._db.tx(lambda s: self._notify_job(s, action))
+            await self._store.tx(lambda tx: self._notify_job(tx, action))
         elif kind == ActionKind.DRAIN:
-            await self._db.tx(lambda s: self._drain(s, action, NodeState.MAINTENANCE))
+            await self._store.tx(lambda tx: self._drain(tx, action, NodeState.MAINTENANCE))
         elif kind == ActionKind.QUARANTINE:
-            await self._db.tx(lambda s: self._drain(s, action, NodeState.QUARANTINED))
+            await self._store.tx(lambda tx: self._drain(tx, action, NodeState.QUARANTINED))
             await self._on_node_failed(action.node, action.reason)
         elif kind in (ActionKind.POWER_OFF_GRACEFUL, ActionKind.POWER_OFF_NOW):
             # Out of service first, powered_off only once the BMC has done it:
             # a power-off the BMC refuses leaves the node drained, never a
             # node that claims to be off while it runs.
-            await self._db.tx(lambda s: self._drain(s, action, None, "powering off"))
+            await self._store.tx(lambda tx: self._drain(tx, action, None, "powering off"))
             power = "off" if kind == ActionKind.POWER_OFF_GRACEFUL else "force_off"
             await self._nodes.power(action.node, power)
-            await self._db.tx(lambda s: self._powered_off(s, action))
+            await self._store.tx(lambda tx: self._powered_off(tx, action))
             await self._on_node_failed(action.node, action.reason)
         elif kind == ActionKind.POWER_CYCLE:
-            await self._db.tx(lambda s: self._note(s, action, "power cycle"))
+            await self._store.tx(lambda tx: self._note(tx, action, "power cycle"))
             await self._nodes.power(action.node, "cycle")
 
-    def _notify_job(self, session: Session, action: Action) -> None:
-        allocation = self._note(session, action, "job notified")
+    def _notify_job(self, tx: Tx, action: Action) -> None:
+        allocation = self._note(tx, action, "job notified")
         if allocation:
             record(
-                session,
-                "allocation.notice",
+                tx,
+                EventKind.ALLOCATION_NOTICE,
                 node=action.node,
                 allocation=allocation,
                 rule=action.rule,
@@ -272,9 +228,7 @@ class PolicyRunner:
                 action=action.kind.value,
             )
 
-    def _drain(
-        self, session: Session, action: Action, target: NodeState | None, outcome: str = ""
-    ) -> None:
+    def _drain(self, tx: Tx, action: Action, target: NodeState | None, outcome: str = "") -> None:
         """Record ``action`` and take the node out of service toward ``target``.
 
         The node drains (the lifecycle finishes the move once no allocation
@@ -282,25 +236,25 @@ class PolicyRunner:
         ``target=None`` keeps the out-of-service state the node is already
         headed for (maintenance when none).
         """
-        self._note(session, action, outcome or f"node to {target}")
-        row = load_node(session, action.node)
-        row.drained = True
+        self._note(tx, action, outcome or f"node to {target}")
+        node = load_node(tx, action.node)
+        node.drained = True
         if target is not None:
-            row.operation = target.value
-        elif row.operation not in OUT_OF_SERVICE:
-            row.operation = NodeState.MAINTENANCE.value
-        session.add(row)
+            node.drain_target = target
+        elif node.drain_target not in OUT_OF_SERVICE:
+            node.drain_target = NodeState.MAINTENANCE
+        tx.nodes.save(node)
         why = f"{action.rule}: {action.reason}"
-        if row.state != NodeState.DRAINING and row.state not in OUT_OF_SERVICE:
-            move(session, row, NodeState.DRAINING, why, rule=action.rule)
-        elif target is not None and row.state in OUT_OF_SERVICE:
-            move(session, row, target, why, rule=action.rule)
+        if node.state != NodeState.DRAINING and node.state not in OUT_OF_SERVICE:
+            move(tx, node, NodeState.DRAINING, why, rule=action.rule)
+        elif target is not None and node.state in OUT_OF_SERVICE:
+            move(tx, node, target, why, rule=action.rule)
 
-    def _powered_off(self, session: Session, action: Action) -> None:
+    def _powered_off(self, tx: Tx, action: Action) -> None:
         """After the BMC powered the node off: make powered_off its end state."""
-        row = load_node(session, action.node)
-        row.operation = NodeState.POWERED_OFF.value
-        session.add(row)
-        if row.state in OUT_OF_SERVICE:
+        node = load_node(tx, action.node)
+        node.drain_target = NodeState.POWERED_OFF
+        tx.nodes.save(node)
+        if node.state in OUT_OF_SERVICE:
             why = f"{action.rule}: {action.reason}; powered off"
-            move(session, row, NodeState.POWERED_OFF, why, rule=action.rule)
+            move(tx, node, NodeState.POWERED_OFF, why, rule=action.rule)

@@ -20,50 +20,35 @@ so a controller killed at any point resumes where it was on the next pass.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-
-from sqlmodel import Session
 
 from controller.core.agents import AgentHub
 from controller.core.allocations import mark_ready_if_prepared
 from controller.core.errors import KilnError
 from controller.core.model import AgentCommand
 from controller.core.nodes import Nodes
-from controller.core.ports import BmcGateway
+from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.preparation import PreparationFailed, Preparer, gate_problems
 from controller.core.profiles import HealthGate, ProfileCatalog
-from controller.core.states import FOR_ALLOCATION, NodeState
+from controller.core.records import NodeRecord
+from controller.core.states import NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
-from controller.store.database import Database
-from controller.store.models import NodeRow
 
 log = logging.getLogger(__name__)
 
 S = NodeState
 
 # Drains that end a node's service: its job gets a replacement at once.
-FAILED = frozenset({NodeState.QUARANTINED.value, NodeState.POWERED_OFF.value})
-
-
-def wanted_profile(row: NodeRow) -> str:
-    """The profile a node must be prepared to now.
-
-    An allocation that names a profile asks for it through the node's
-    operation; otherwise the node goes to its own baseline profile.
-    """
-    if row.operation.startswith(FOR_ALLOCATION):
-        return row.operation.removeprefix(FOR_ALLOCATION)
-    return row.profile
+FAILED = frozenset({NodeState.QUARANTINED, NodeState.POWERED_OFF})
 
 
 class Lifecycle:
     def __init__(
         self,
-        db: Database,
+        store: Store,
         nodes: Nodes,
         agents: AgentHub,
         bmc: BmcGateway,
@@ -76,7 +61,7 @@ class Lifecycle:
         max_parallel: int = 64,
         preparer: Preparer | None = None,
     ) -> None:
-        self._db = db
+        self._store = store
         self._nodes = nodes
         self._agents = agents
         self._bmc = bmc
@@ -109,11 +94,11 @@ class Lifecycle:
 
     async def reconcile_once(self) -> None:
         """Start one step for every node that needs one and is not busy."""
-        for row in await self._nodes.rows():
-            if row.name in self._busy or row.state in (S.READY, S.ALLOCATED):
+        for node in await self._nodes.records():
+            if node.name in self._busy or node.state in (S.READY, S.ALLOCATED):
                 continue
-            self._busy.add(row.name)
-            self._steps.spawn(self._step_guarded(row))
+            self._busy.add(node.name)
+            self._steps.spawn(self._step_guarded(node))
 
     async def settle(self) -> None:
         """Wait for the steps in flight (tests and the demo use this)."""
@@ -122,7 +107,7 @@ class Lifecycle:
     async def stop(self) -> None:
         await self._steps.stop()
 
-    async def _step_guarded(self, row: NodeRow) -> None:
+    async def _step_guarded(self, row: NodeRecord) -> None:
         try:
             async with self._gate:
                 became_free = await self._step(row)
@@ -136,9 +121,9 @@ class Lifecycle:
         finally:
             self._busy.discard(row.name)
 
-    async def _step(self, row: NodeRow) -> bool:
+    async def _step(self, row: NodeRecord) -> bool:
         """Take one step; True when the node just became ready."""
-        state = S(row.state)
+        state = row.state
         if state == S.ENROLLED:
             await self._move(row.name, S.INSPECTING, "inspection started")
             return await self._step(await self._row(row.name))
@@ -148,21 +133,21 @@ class Lifecycle:
             return await self._prepare(row)
         if state == S.RELEASING:
             return await self._release(row)
-        if state == S.DRAINING and row.allocation_id and row.operation in FAILED:
+        if state == S.DRAINING and row.allocation_id and row.drain_target in FAILED:
             # A failed node still held by its job (a restart came between the
             # failure and its replacement): replace it now. Idempotent.
             await self._on_node_failed(row.name, row.state_reason or "node failed")
             return False
         if state == S.DRAINING and not row.allocation_id:
             await self._gpu_command(row.name, AgentCommand("reset_gpus"), best_effort=True)
-            target = S(row.operation) if row.operation in {s.value for s in S} else S.MAINTENANCE
+            target = row.drain_target or S.MAINTENANCE
             await self._move(row.name, target, row.state_reason or "drained")
         return False
 
-    async def _inspect(self, row: NodeRow) -> bool:
-        target = self._nodes.target(row)
-        power = await self._bmc.power_state(target)
-        if power == "off" and row.expected_power != "off":
+    async def _inspect(self, row: NodeRecord) -> bool:
+        target = await self._nodes.target(row)
+        power = PowerState(await self._bmc.power_state(target))
+        if power == PowerState.OFF and row.expected_power != PowerState.OFF:
             await self._nodes.power(row.name, "on")
         elif power != row.power:
             await self._nodes.power(row.name, "status")
@@ -172,21 +157,21 @@ class Lifecycle:
         await self._move(row.name, S.PREPARING, f"inspected: {row.gpu_count} GPUs")
         return await self._prepare(await self._row(row.name))
 
-    async def _prepare(self, row: NodeRow) -> bool:
+    async def _prepare(self, row: NodeRecord) -> bool:
         if not self._agents.is_connected(row.name):
             await self._note(row.name, "waiting for the node's agent to prepare the GPUs")
             return False
-        profile_name = wanted_profile(row)
+        profile_name = row.wanted_profile
         async with self._preparer.preparing.slot(row.rack or row.name):
             return await self._prepare_to(row, profile_name)
 
-    async def _prepare_to(self, row: NodeRow, profile_name: str) -> bool:
+    async def _prepare_to(self, row: NodeRecord, profile_name: str) -> bool:
         profile = self._profiles.get(profile_name) if profile_name else None
         changed: list[str] = []
         try:
             if profile is not None and (profile.firmware or profile.bios):
                 changed = await self._preparer.bmc_steps(
-                    self._nodes.target(row), row.rack or row.name, profile
+                    await self._nodes.target(row), row.rack or row.name, profile
                 )
             if profile is not None:
                 command = AgentCommand("apply_profile", profile.gpu_yaml())
@@ -208,32 +193,31 @@ class Lifecycle:
             return False
         changed += outcome.changed
 
-        def write(session: Session) -> bool:
-            node = load_node(session, row.name)
+        def write(tx: Tx) -> bool:
+            node = load_node(tx, row.name)
             node.applied_profile = profile_name
-            session.add(node)
-            if wanted_profile(node) != profile_name:
+            tx.nodes.save(node)
+            if node.wanted_profile != profile_name:
                 # Released (or booked anew) while the agent worked: these GPUs
                 # are not what the node needs now; the next pass prepares again.
                 return False
-            if node.operation.startswith(FOR_ALLOCATION):
-                node.operation = ""
-            session.add(node)
+            node.allocation_profile = None
+            tx.nodes.save(node)
             reason = f"prepared to {profile_name or 'defaults'}"
             if node.allocation_id:
                 move(
-                    session,
+                    tx,
                     node,
                     S.ALLOCATED,
                     f"{reason} for {node.allocation_id}",
                     changed=changed,
                 )
-                mark_ready_if_prepared(session, node.allocation_id)
+                mark_ready_if_prepared(tx, node.allocation_id)
                 return False
-            move(session, node, S.READY, reason, changed=changed)
+            move(tx, node, S.READY, reason, changed=changed)
             return True
 
-        return await self._db.tx(write)
+        return await self._store.tx(write)
 
     async def _health_gate(self, name: str, gate: HealthGate, since: float) -> None:
         """Wait for a health sample taken after ``since`` and check it against ``gate``.
@@ -243,9 +227,8 @@ class Lifecycle:
         """
         deadline = time.monotonic() + gate.sample_timeout_s
         while True:
-            row = await self._row(name)
-            health = json.loads(row.health_json) if row.health_json else {}
-            if health.get("sampled_at", 0.0) > since:
+            health = (await self._row(name)).health
+            if health is not None and health.sampled_at > since:
                 problems = gate_problems(gate, health)
                 if problems:
                     raise PreparationFailed("health gate: " + "; ".join(problems))
@@ -256,7 +239,7 @@ class Lifecycle:
                 )
             await asyncio.sleep(0.2)
 
-    async def _release(self, row: NodeRow) -> bool:
+    async def _release(self, row: NodeRecord) -> bool:
         try:
             outcome = await self._agents.call(
                 row.name, AgentCommand("reset_gpus"), self._command_timeout
@@ -269,22 +252,22 @@ class Lifecycle:
             await self._quarantine(row.name, f"cannot reset GPUs after release: {reason}")
             return False
 
-        def write(session: Session) -> bool:
-            node = load_node(session, row.name)
+        def write(tx: Tx) -> bool:
+            node = load_node(tx, row.name)
             node.applied_profile = ""
-            session.add(node)
+            tx.nodes.save(node)
             if node.profile:  # back to the node's own baseline before the next job
                 move(
-                    session,
+                    tx,
                     node,
                     S.PREPARING,
                     f"GPUs reset after release; preparing to baseline {node.profile}",
                 )
                 return False
-            move(session, node, S.READY, "GPUs reset to defaults after release")
+            move(tx, node, S.READY, "GPUs reset to defaults after release")
             return True
 
-        return await self._db.tx(write)
+        return await self._store.tx(write)
 
     async def _gpu_command(self, node: str, command: AgentCommand, *, best_effort: bool) -> bool:
         if not self._agents.is_connected(node):
@@ -298,29 +281,30 @@ class Lifecycle:
         return outcome.ok
 
     async def _quarantine(self, name: str, reason: str) -> None:
-        def write(session: Session) -> None:
-            node = load_node(session, name)
-            node.operation = S.QUARANTINED.value
-            move(session, node, S.DRAINING, reason)
+        def write(tx: Tx) -> None:
+            node = load_node(tx, name)
+            node.drain_target = S.QUARANTINED
+            tx.nodes.save(node)
+            move(tx, node, S.DRAINING, reason)
             if not node.allocation_id:
-                move(session, node, S.QUARANTINED, reason)
+                move(tx, node, S.QUARANTINED, reason)
 
-        await self._db.tx(write)
+        await self._store.tx(write)
         log.warning("node %s: quarantined: %s", name, reason)
 
-    async def _row(self, name: str) -> NodeRow:
-        return await self._db.read(lambda s: load_node(s, name))
+    async def _row(self, name: str) -> NodeRecord:
+        return await self._nodes.record(name)
 
     async def _move(self, name: str, target: NodeState, reason: str) -> None:
-        await self._db.tx(lambda s: move(s, load_node(s, name), target, reason))
+        await self._store.tx(lambda tx: move(tx, load_node(tx, name), target, reason))
 
     async def _note(self, name: str, reason: str) -> None:
         """Update why a node waits, without an event for every pass."""
 
-        def write(session: Session) -> None:
-            node = session.get(NodeRow, name)
+        def write(tx: Tx) -> None:
+            node = tx.nodes.get(name)
             if node is not None and node.state_reason != reason:
                 node.state_reason = reason
-                session.add(node)
+                tx.nodes.save(node)
 
-        await self._db.tx(write)
+        await self._store.tx(write)

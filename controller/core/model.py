@@ -6,6 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.core.health import HealthReport
+from controller.core.states import AllocationState, NodeState, PowerState
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -54,9 +57,9 @@ class NodeInfo:
     spine: str
     bmc_url: str
     bmc_username: str
-    state: str
+    state: NodeState
     state_reason: str
-    power: str
+    power: PowerState
     bmc_health: str
     agent_connected: bool
     agent_last_seen: float
@@ -65,7 +68,7 @@ class NodeInfo:
     gpus: tuple[GpuInfo, ...]
     nvlink_domain: str
     allocation: str
-    health: dict[str, Any] | None
+    health: HealthReport | None
     profile: str
     updated_at: float
     schedulable: bool
@@ -113,7 +116,7 @@ class AllocationInfo:
     id: str
     key: str
     spec: AllocationSpec
-    state: str
+    state: AllocationState
     reason: str
     nodes: tuple[str, ...]
     spares: tuple[str, ...]
@@ -135,10 +138,19 @@ class EventInfo:
 
 
 @dataclass(frozen=True)
+class PowerScope:
+    """The nodes a bulk power action covers: the named ones, one rack, or all."""
+
+    names: tuple[str, ...] = ()
+    rack: str = ""
+    all_nodes: bool = False
+
+
+@dataclass(frozen=True)
 class PowerResult:
     node: str
     ok: bool
-    power: str
+    power: PowerState
     error: str = ""
     bmc_health: str = ""
 

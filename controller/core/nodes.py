@@ -3,35 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
-from sqlmodel import Session, col, select
-
-from controller.core import convert
 from controller.core.agents import AgentHub
 from controller.core.errors import AlreadyExists, BmcError, InvalidArgument, KilnError
 from controller.core.eventlog import record
+from controller.core.health import HealthReport
+from controller.core.kinds import EventKind
 from controller.core.model import (
     BmcTarget,
     EnrollSpec,
     GpuInfo,
     NodeInfo,
     PowerResult,
+    PowerScope,
     RackInfo,
     short_gpu_model,
 )
-from controller.core.ports import BmcGateway
-from controller.core.states import FOR_ALLOCATION, OUT_OF_SERVICE, NodeState
+from controller.core.ports import BmcGateway, Store, Tx
+from controller.core.records import NodeRecord
+from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
 from controller.core.transitions import load_node, move
-from controller.store.database import Database
-from controller.store.models import GpuRow, NodeRow
-from controller.store.secrets import SecretBox
 
 log = logging.getLogger(__name__)
 
@@ -47,72 +42,85 @@ def validate_name(kind: str, name: str) -> None:
 
 
 class Nodes:
-    def __init__(self, db: Database, bmc: BmcGateway, agents: AgentHub, secrets: SecretBox) -> None:
-        self._db = db
+    def __init__(self, store: Store, bmc: BmcGateway, agents: AgentHub) -> None:
+        self._store = store
         self._bmc = bmc
         self._agents = agents
-        self._secrets = secrets
-
-    def target(self, row: NodeRow) -> BmcTarget:
-        """How to reach the node's BMC, with its password unsealed."""
-        return BmcTarget(
-            node=row.name,
-            url=row.bmc_url,
-            username=row.bmc_username,
-            password=self._secrets.open(row.bmc_password),
-            insecure=row.bmc_insecure,
-            ca_bundle=row.bmc_ca_bundle,
-        )
 
     # -- queries -------------------------------------------------------------
 
-    def usable(self, row: NodeRow) -> bool:
+    def usable(self, node: NodeRecord) -> bool:
         """Healthy and in service: may hold a job (bookings aside)."""
         return (
-            row.state in (NodeState.READY, NodeState.ALLOCATED)
-            and not row.drained
-            and self._agents.is_connected(row.name)
+            node.state in (NodeState.READY, NodeState.ALLOCATED)
+            and not node.drained
+            and self._agents.is_connected(node.name)
         )
 
-    def schedulable(self, row: NodeRow) -> bool:
+    def schedulable(self, node: NodeRecord) -> bool:
         """Usable and free: a new allocation may take it now."""
-        return self.usable(row) and row.state == NodeState.READY and not row.allocation_id
+        return self.usable(node) and node.state == NodeState.READY and not node.allocation_id
 
-    def _info(self, row: NodeRow, gpus: list[GpuRow]) -> NodeInfo:
-        return convert.node_info(
-            row,
-            gpus,
-            agent_connected=self._agents.is_connected(row.name),
-            schedulable=self.schedulable(row),
+    def _info(self, node: NodeRecord, gpus: Sequence[GpuInfo]) -> NodeInfo:
+        return NodeInfo(
+            name=node.name,
+            rack=node.rack,
+            leaf=node.leaf,
+            spine=node.spine,
+            bmc_url=node.bmc_url,
+            bmc_username=node.bmc_username,
+            state=node.state,
+            state_reason=node.state_reason,
+            power=node.power,
+            bmc_health=node.bmc_health,
+            agent_connected=self._agents.is_connected(node.name),
+            agent_last_seen=node.agent_last_seen,
+            gpu_model=node.gpu_model,
+            gpu_count=node.gpu_count,
+            gpus=tuple(gpus),
+            nvlink_domain=node.nvlink_domain,
+            allocation=node.allocation_id,
+            health=node.health,
+            profile=node.profile,
+            updated_at=node.updated_at,
+            schedulable=self.schedulable(node),
+            drained=node.drained,
         )
 
     async def get(self, name: str) -> NodeInfo:
-        def query(session: Session) -> NodeInfo:
-            row = load_node(session, name)
-            gpus = list(session.exec(select(GpuRow).where(GpuRow.node == name)))
-            return self._info(row, gpus)
+        """Raises NotFound for a node never enrolled."""
 
-        return await self._db.read(query)
+        def query(tx: Tx) -> NodeInfo:
+            return self._info(load_node(tx, name), tx.nodes.gpus(name))
+
+        return await self._store.read(query)
+
+    async def record(self, name: str) -> NodeRecord:
+        """The node's stored record. Raises NotFound."""
+        return await self._store.read(lambda tx: load_node(tx, name))
 
     async def query(self, *, rack: str = "", state: str = "") -> list[NodeInfo]:
-        def query(session: Session) -> list[NodeInfo]:
-            stmt = select(NodeRow)
-            if rack:
-                stmt = stmt.where(NodeRow.rack == rack)
-            if state:
-                stmt = stmt.where(NodeRow.state == state)
-            rows = list(session.exec(stmt.order_by(col(NodeRow.name))))
-            gpus: dict[str, list[GpuRow]] = defaultdict(list)
-            for g in session.exec(select(GpuRow)):
-                gpus[g.node].append(g)
-            return [self._info(r, gpus[r.name]) for r in rows]
-
         if state and state not in {s.value for s in NodeState}:
             raise InvalidArgument(f"unknown node state {state!r}")
-        return await self._db.read(query)
+        wanted = NodeState(state) if state else None
 
-    async def rows(self) -> list[NodeRow]:
-        return await self._db.read(lambda s: list(s.exec(select(NodeRow))))
+        def query(tx: Tx) -> list[NodeInfo]:
+            gpus = tx.nodes.gpus_by_node()
+            return [
+                self._info(n, gpus.get(n.name, [])) for n in tx.nodes.find(rack=rack, state=wanted)
+            ]
+
+        return await self._store.read(query)
+
+    async def records(self) -> list[NodeRecord]:
+        return await self._store.read(lambda tx: tx.nodes.find())
+
+    async def targets(self, nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
+        """How to reach each node's BMC (passwords unsealed by the store)."""
+        return await self._store.read(lambda tx: [tx.nodes.bmc_target(n) for n in nodes])
+
+    async def target(self, node: NodeRecord) -> BmcTarget:
+        return (await self.targets([node]))[0]
 
     async def racks(self) -> list[RackInfo]:
         nodes = await self.query()
@@ -140,6 +148,19 @@ class Nodes:
 
     # -- enrolment and operator actions ---------------------------------------
 
+    def validate(self, spec: EnrollSpec) -> str:
+        """Check an enrolment without storing anything; returns the canonical BMC URL.
+
+        Raises:
+            InvalidArgument: bad name, BMC URL or credentials.
+        """
+        validate_name("node", spec.name)
+        if spec.rack:
+            validate_name("rack", spec.rack)
+        if not spec.username:
+            raise InvalidArgument("a BMC username is required")
+        return self._bmc.validate_target(spec.bmc_url, spec.username, spec.password)
+
     async def enroll(self, spec: EnrollSpec) -> NodeInfo:
         """Register a node and its BMC. Nothing is stored when validation fails.
 
@@ -147,95 +168,89 @@ class Nodes:
             InvalidArgument: bad name, BMC URL or missing credentials.
             AlreadyExists: a node of that name exists with another BMC.
         """
-        validate_name("node", spec.name)
-        if spec.rack:
-            validate_name("rack", spec.rack)
-        url = self._bmc.canonical_url(spec.bmc_url)
-        if not spec.username:
-            raise InvalidArgument("a BMC username is required")
-        if url.startswith("ipmi://") and len(spec.password.encode()) > 20:
-            raise InvalidArgument("IPMI 2.0 passwords are at most 20 bytes; this one is longer")
+        url = self.validate(spec)
 
-        def write(session: Session) -> None:
-            existing = session.get(NodeRow, spec.name)
+        def write(tx: Tx) -> None:
+            existing = tx.nodes.get(spec.name)
             if existing is not None:
                 if existing.bmc_url != url or existing.rack != spec.rack:
                     raise AlreadyExists(kind="node", name=spec.name)
                 if existing.profile != spec.profile:  # a new baseline profile
                     existing.profile = spec.profile
-                    session.add(existing)
+                    tx.nodes.save(existing)
                     if existing.state == NodeState.READY:
                         move(
-                            session,
+                            tx,
                             existing,
                             NodeState.PREPARING,
                             f"baseline profile now {spec.profile or 'defaults'}",
                         )
                 return  # otherwise the same enrolment again: idempotent
             now = time.time()
-            session.add(
-                NodeRow(
-                    name=spec.name,
-                    rack=spec.rack,
-                    leaf=spec.leaf or spec.rack,
-                    spine=spec.spine,
-                    bmc_url=url,
-                    bmc_username=spec.username,
-                    bmc_password=self._secrets.seal(spec.password),
-                    bmc_insecure=spec.insecure,
-                    bmc_ca_bundle=spec.ca_bundle,
-                    profile=spec.profile,
-                    created_at=now,
-                    updated_at=now,
-                )
+            node = NodeRecord(
+                name=spec.name,
+                rack=spec.rack,
+                leaf=spec.leaf or spec.rack,
+                spine=spec.spine,
+                bmc_url=url,
+                bmc_username=spec.username,
+                bmc_insecure=spec.insecure,
+                bmc_ca_bundle=spec.ca_bundle,
+                profile=spec.profile,
+                created_at=now,
+                updated_at=now,
             )
-            record(session, "node.enrolled", node=spec.name, reason="enrolled", bmc_url=url)
+            tx.nodes.add(node, spec.password)
+            record(tx, EventKind.NODE_ENROLLED, node=spec.name, reason="enrolled", bmc_url=url)
 
-        await self._db.tx(write)
+        await self._store.tx(write)
         log.info("node %s: enrolled with BMC %s", spec.name, url)
         return await self.get(spec.name)
 
     async def drain(self, name: str, reason: str) -> NodeInfo:
-        def write(session: Session) -> None:
-            row = load_node(session, name)
-            if row.state in (NodeState.MAINTENANCE, NodeState.DRAINING):
+        def write(tx: Tx) -> None:
+            node = load_node(tx, name)
+            if node.state in (NodeState.MAINTENANCE, NodeState.DRAINING):
                 return
-            row.drained = True
-            move(session, row, NodeState.DRAINING, reason or "drained by operator")
+            node.drained = True
+            move(tx, node, NodeState.DRAINING, reason or "drained by operator")
 
-        await self._db.tx(write)
+        await self._store.tx(write)
         return await self.get(name)
 
     async def undrain(self, name: str) -> NodeInfo:
-        def write(session: Session) -> None:
-            row = load_node(session, name)
-            row.drained = False
-            session.add(row)
-            if row.state == NodeState.DRAINING and row.allocation_id:
+        def write(tx: Tx) -> None:
+            node = load_node(tx, name)
+            node.drained = False
+            tx.nodes.save(node)
+            if node.state == NodeState.DRAINING and node.allocation_id:
                 # Drained before it was prepared for its allocation: resume the
                 # preparation, or the allocation would never be handed over.
-                preparing = row.operation.startswith(FOR_ALLOCATION)
+                preparing = node.allocation_profile is not None
                 back = NodeState.PREPARING if preparing else NodeState.ALLOCATED
-                row.state = back.value
-                row.state_reason = "undrained"
+                node.state = back
+                node.state_reason = "undrained"
+                node.drain_target = None
+                tx.nodes.save(node)
                 record(
-                    session,
-                    "node.transition",
+                    tx,
+                    EventKind.NODE_TRANSITION,
                     node=name,
                     reason="undrained",
                     from_state="draining",
                     to_state=back.value,
                 )
-            elif row.state in (NodeState.DRAINING, *OUT_OF_SERVICE):
-                if row.state == NodeState.DRAINING:
-                    move(session, row, NodeState.MAINTENANCE, "undrained before drain finished")
+            elif node.state in (NodeState.DRAINING, *OUT_OF_SERVICE):
+                if node.state == NodeState.DRAINING:
+                    move(tx, node, NodeState.MAINTENANCE, "undrained before drain finished")
                 # Back into service through inspection: power on (whoever
                 # powered it off), re-check the BMC and the GPUs, prepare again.
-                row.operation = ""
-                row.expected_power = ""
-                move(session, row, NodeState.INSPECTING, "undrained: re-inspecting")
+                node.drain_target = None
+                node.allocation_profile = None
+                node.expected_power = None
+                move(tx, node, NodeState.INSPECTING, "undrained: re-inspecting")
 
-        await self._db.tx(write)
+        await self._store.tx(write)
         return await self.get(name)
 
     async def power(self, name: str, action: str) -> PowerResult:
@@ -247,14 +262,13 @@ class Nodes:
         """
         if action not in POWER_ACTIONS:
             raise InvalidArgument(f"unknown power action {action!r}; use one of {POWER_ACTIONS}")
-        row = await self._db.read(lambda s: load_node(s, name))
-        target = self.target(row)
+        target = await self._store.read(lambda tx: tx.nodes.bmc_target(load_node(tx, name)))
         try:
             if action == "status":
-                state = await self._bmc.power_state(target)
+                state = PowerState(await self._bmc.power_state(target))
             else:
                 await self._note_expected_power(name, action)
-                state = await self._bmc.set_power(target, action)
+                state = PowerState(await self._bmc.set_power(target, action))
         except BmcError:
             await self._save_power(name, None, action)
             raise
@@ -262,47 +276,41 @@ class Nodes:
         return PowerResult(node=name, ok=True, power=state, bmc_health=self._bmc.health(name))
 
     async def _note_expected_power(self, name: str, action: str) -> None:
-        expected = "off" if action in ("off", "force_off") else "on"
+        expected = PowerState.OFF if action in ("off", "force_off") else PowerState.ON
 
-        def write(session: Session) -> None:
-            row = load_node(session, name)
-            row.expected_power = expected
-            session.add(row)
+        def write(tx: Tx) -> None:
+            node = load_node(tx, name)
+            node.expected_power = expected
+            tx.nodes.save(node)
 
-        await self._db.tx(write)
+        await self._store.tx(write)
 
-    async def _save_power(self, name: str, state: str | None, action: str) -> None:
+    async def _save_power(self, name: str, state: PowerState | None, action: str) -> None:
         health = self._bmc.health(name)
 
-        def write(session: Session) -> None:
-            row = load_node(session, name)
-            changed = state is not None and state != row.power
+        def write(tx: Tx) -> None:
+            node = load_node(tx, name)
+            changed = state is not None and state != node.power
             if state is not None:
-                row.power = state
-            row.bmc_health = health
-            session.add(row)
+                node.power = state
+            node.bmc_health = health
+            tx.nodes.save(node)
             if action != "status" or changed:
                 record(
-                    session,
-                    "node.power",
+                    tx,
+                    EventKind.NODE_POWER,
                     node=name,
-                    allocation=row.allocation_id,
+                    allocation=node.allocation_id,
                     reason=f"power {action}" if state else f"power {action} failed",
                     action=action,
-                    power=row.power,
+                    power=node.power.value,
                     bmc_health=health,
                 )
 
-        await self._db.tx(write)
+        await self._store.tx(write)
 
     async def power_many(
-        self,
-        *,
-        names: Sequence[str] = (),
-        rack: str = "",
-        all_nodes: bool = False,
-        action: str,
-        concurrency: int = 64,
+        self, scope: PowerScope, action: str, *, concurrency: int = 64
     ) -> AsyncIterator[tuple[PowerResult, int, int]]:
         """Run ``action`` on many nodes at once, at most ``concurrency`` in flight.
 
@@ -311,14 +319,14 @@ class Nodes:
         """
         if action not in POWER_ACTIONS:
             raise InvalidArgument(f"unknown power action {action!r}; use one of {POWER_ACTIONS}")
-        if all_nodes:
+        if scope.all_nodes:
             targets = [n.name for n in await self.query()]
-        elif rack:
-            targets = [n.name for n in await self.query(rack=rack)]
+        elif scope.rack:
+            targets = [n.name for n in await self.query(rack=scope.rack)]
             if not targets:
-                raise InvalidArgument(f"rack {rack!r} has no nodes")
+                raise InvalidArgument(f"rack {scope.rack!r} has no nodes")
         else:
-            targets = list(dict.fromkeys(names))
+            targets = list(dict.fromkeys(scope.names))
             for name in targets:
                 await self.get(name)  # NotFound before anything runs
         if not targets:
@@ -333,7 +341,7 @@ class Nodes:
                     return PowerResult(
                         node=name,
                         ok=False,
-                        power="unknown",
+                        power=PowerState.UNKNOWN,
                         error=str(e),
                         bmc_health=self._bmc.health(name),
                     )
@@ -357,73 +365,66 @@ class Nodes:
             NotFound: the agent names a node that was never enrolled.
         """
 
-        def write(session: Session) -> None:
-            row = load_node(session, name)
-            for old in session.exec(select(GpuRow).where(GpuRow.node == name)):
-                session.delete(old)
-            session.flush()
-            for g in gpus:  # GpuInfo and GpuRow share their field names
-                session.add(GpuRow(node=name, **dataclasses.asdict(g)))
+        def write(tx: Tx) -> None:
+            node = load_node(tx, name)
+            tx.nodes.set_gpus(name, gpus)
             cliques = {g.clique for g in gpus}
-            row.gpu_model = short_gpu_model(gpus[0].model) if gpus else ""
-            row.gpu_count = len(gpus)
-            row.nvlink_domain = cliques.pop() if len(cliques) == 1 else ""
-            row.agent_last_seen = time.time()
-            if row.state == NodeState.READY and applied_profile != row.applied_profile:
+            node.gpu_model = short_gpu_model(gpus[0].model) if gpus else ""
+            node.gpu_count = len(gpus)
+            node.nvlink_domain = cliques.pop() if len(cliques) == 1 else ""
+            node.agent_last_seen = time.time()
+            tx.nodes.save(node)
+            if node.state == NodeState.READY and applied_profile != node.applied_profile:
                 move(
-                    session,
-                    row,
+                    tx,
+                    node,
                     NodeState.PREPARING,
                     "agent restarted with other GPU settings; preparing again",
                 )
-            session.add(row)
             record(
-                session,
-                "node.agent",
+                tx,
+                EventKind.NODE_AGENT,
                 node=name,
                 reason="agent connected",
                 gpus=len(gpus),
-                gpu_model=row.gpu_model,
-                nvlink_domain=row.nvlink_domain,
+                gpu_model=node.gpu_model,
+                nvlink_domain=node.nvlink_domain,
             )
 
-        await self._db.tx(write)
+        await self._store.tx(write)
         return await self.get(name)
 
-    async def agent_health(self, name: str, health: dict[str, Any]) -> str | None:
+    async def agent_health(self, name: str, health: HealthReport) -> str | None:
         """Store the node's latest health report; returns its rack (None: unknown node)."""
 
-        def write(session: Session) -> str | None:
-            row = session.get(NodeRow, name)
-            if row is None:
+        def write(tx: Tx) -> str | None:
+            node = tx.nodes.save_health(name, health, time.time())
+            if node is None:
                 return None
-            row.health_json = json.dumps(health)
-            row.agent_last_seen = time.time()
-            session.add(row)
-            if health.get("drift"):
+            if health.drift:
                 record(
-                    session,
-                    "node.gpu_drift",
+                    tx,
+                    EventKind.NODE_GPU_DRIFT,
                     node=name,
-                    allocation=row.allocation_id,
+                    allocation=node.allocation_id,
                     reason="GPU settings drifted from the profile; the agent re-applied it",
-                    drift=list(health["drift"]),
-                    profile=row.applied_profile,
+                    drift=list(health.drift),
+                    profile=node.applied_profile,
                 )
-            return row.rack
+            return node.rack
 
-        return await self._db.read(write)
+        return await self._store.tx(write)
 
     async def agent_gone(self, name: str) -> None:
-        def write(session: Session) -> None:
-            row = session.get(NodeRow, name)
-            if row is not None:
+        def write(tx: Tx) -> None:
+            node = tx.nodes.get(name)
+            if node is not None:
                 record(
-                    session,
-                    "node.agent",
+                    tx,
+                    EventKind.NODE_AGENT,
                     node=name,
-                    allocation=row.allocation_id,
+                    allocation=node.allocation_id,
                     reason="agent disconnected",
                 )
 
-        await self._db.tx(write)
+        await self._store.tx(write)

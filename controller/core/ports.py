@@ -1,14 +1,135 @@
 """The small interfaces the domain core drives; adapters implement them.
 
-The core never imports a BMC library or the wire format: the controller's
-wiring (``controller.server``) plugs real implementations in.
+The core never imports a BMC library, a database library or the wire format:
+the controller's wiring (``controller.server``) plugs real implementations in —
+the store package for storage, the BMC package's gateway for the BMCs.
+
+Storage is a unit of work. The core passes a plain (synchronous) function of a
+``Tx`` to ``Store.tx``; it runs in one database transaction off the event loop
+and commits when it returns (rolls back when it raises). Inside it the core
+reads records from the repositories, changes them, saves them and adds the
+events that describe the change, so a transition and its event commit
+together or not at all.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol, TypeVar
 
-from controller.core.model import BmcTarget
+from controller.core.health import HealthReport
+from controller.core.model import BmcTarget, EventInfo, GpuInfo
+from controller.core.records import AllocationRecord, NewEvent, NodeRecord
+from controller.core.states import AllocationState, NodeState
+
+T = TypeVar("T")
+
+
+class NodeRepository(Protocol):
+    def get(self, name: str) -> NodeRecord | None: ...
+
+    def find(self, *, rack: str = "", state: NodeState | None = None) -> list[NodeRecord]:
+        """Nodes ordered by name, optionally of one rack and/or one state."""
+        ...
+
+    def held_by(self, allocation: str) -> list[NodeRecord]:
+        """The nodes booked to ``allocation``."""
+        ...
+
+    def add(self, node: NodeRecord, bmc_password: str) -> None:
+        """Store a new node; the password is sealed at rest."""
+        ...
+
+    def save(self, node: NodeRecord) -> None:
+        """Write back every field of a record read in this transaction."""
+        ...
+
+    def save_health(self, name: str, health: HealthReport, seen_at: float) -> NodeRecord | None:
+        """Keep ``health`` as the node's latest report; None for an unknown node."""
+        ...
+
+    def bmc_target(self, node: NodeRecord) -> BmcTarget:
+        """How to reach the node's BMC, with its password unsealed.
+
+        Raises FailedPrecondition when the password was sealed with another key.
+        """
+        ...
+
+    def gpus(self, name: str) -> list[GpuInfo]:
+        """The node's GPUs by index."""
+        ...
+
+    def gpus_by_node(self) -> dict[str, list[GpuInfo]]: ...
+
+    def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:
+        """Replace the node's GPU inventory."""
+        ...
+
+
+class AllocationRepository(Protocol):
+    def get(self, ident: str) -> AllocationRecord | None: ...
+
+    def by_key(self, key: str) -> AllocationRecord | None: ...
+
+    def find(self, states: Collection[AllocationState] | None = None) -> list[AllocationRecord]:
+        """Allocations in queue order (``submitted``), optionally in ``states``."""
+        ...
+
+    def add(self, allocation: AllocationRecord) -> None:
+        """Store a new allocation.
+
+        Raises DuplicateKey when another allocation already has its key.
+        """
+        ...
+
+    def save(self, allocation: AllocationRecord) -> None: ...
+
+    def last_submitted(self) -> int:
+        """The highest queue position handed out so far (0: none)."""
+        ...
+
+
+class EventRepository(Protocol):
+    def add(self, event: NewEvent) -> None:
+        """Record ``event`` in this transaction (it gets the next ``seq``)."""
+        ...
+
+    def since(
+        self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
+    ) -> list[EventInfo]: ...
+
+
+class Tx(Protocol):
+    """One transaction's view of the store."""
+
+    @property
+    def nodes(self) -> NodeRepository: ...
+
+    @property
+    def allocations(self) -> AllocationRepository: ...
+
+    @property
+    def events(self) -> EventRepository: ...
+
+
+class Store(Protocol):
+    async def tx(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in one transaction and commit when it returns.
+
+        Raises whatever ``fn`` raises, after rolling the transaction back.
+        Listeners registered with ``on_commit`` are told when it recorded events.
+        """
+        ...
+
+    async def read(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in a transaction that writes nothing."""
+        ...
+
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the event loop) after every commit that recorded events."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class BmcGateway(Protocol):
@@ -17,6 +138,15 @@ class BmcGateway(Protocol):
 
         Raises:
             InvalidArgument: the URL is malformed or of an unknown scheme.
+        """
+        ...
+
+    def validate_target(self, url: str, username: str, password: str) -> str:
+        """Check a BMC URL and credentials against the protocol's rules (e.g.
+        IPMI's 20-byte passwords); returns the canonical URL.
+
+        Raises:
+            InvalidArgument: the URL or the credentials cannot work.
         """
         ...
 

@@ -14,69 +14,69 @@ import asyncio
 import logging
 import time
 
-from sqlmodel import Session
-
 from controller.core.eventlog import record
+from controller.core.kinds import EventKind
 from controller.core.nodes import Nodes
-from controller.core.ports import BmcGateway
-from controller.core.states import NodeState
-from controller.store.database import Database
-from controller.store.models import NodeRow
+from controller.core.ports import BmcGateway, Store, Tx
+from controller.core.records import NodeRecord
+from controller.core.states import NodeState, PowerState
 
 log = logging.getLogger(__name__)
 
 IN_SERVICE = (NodeState.READY, NodeState.ALLOCATED, NodeState.PREPARING)
 
 
-def expected_power(row: NodeRow) -> str | None:
+def expected_power(node: NodeRecord) -> PowerState | None:
     """What Kiln believes the node's power should be (None: no opinion)."""
-    if row.expected_power:
-        return row.expected_power
-    if row.state in IN_SERVICE:
-        return "on"
+    if node.expected_power is not None:
+        return node.expected_power
+    if node.state in IN_SERVICE:
+        return PowerState.ON
     return None
 
 
-def note_power(session: Session, row: NodeRow, power: str, health: str) -> bool:
-    """Fold one reading into ``row``; True when the node is not as Kiln expects."""
-    row.bmc_health = health
-    session.add(row)
-    want = expected_power(row)
+def note_power(tx: Tx, node: NodeRecord, power: PowerState, health: str) -> bool:
+    """Fold one reading into ``node`` and save it; True when the node is not as
+    Kiln expects. Tells once per change (a ``node.drift``, and the job that
+    holds the node), not on every pass."""
+    node.bmc_health = health
+    want = expected_power(node)
     drifted = want is not None and power != want
-    if drifted and power != row.power:  # tell once per change, not every pass
+    if drifted and power != node.power:
         reason = f"BMC reports power {power}; Kiln expected {want}"
         record(
-            session,
-            "node.drift",
-            node=row.name,
-            allocation=row.allocation_id,
+            tx,
+            EventKind.NODE_DRIFT,
+            node=node.name,
+            allocation=node.allocation_id,
             reason=reason,
-            expected=want,
-            actual=power,
+            expected=want.value if want else None,
+            actual=power.value,
         )
-        if row.allocation_id:
+        if node.allocation_id:
             record(
-                session,
-                "allocation.notice",
-                node=row.name,
-                allocation=row.allocation_id,
-                reason=f"{row.name}: {reason}",
+                tx,
+                EventKind.ALLOCATION_NOTICE,
+                node=node.name,
+                allocation=node.allocation_id,
+                reason=f"{node.name}: {reason}",
             )
-    row.power = power
+    node.power = power
+    tx.nodes.save(node)
     return drifted
 
 
 class PowerSync:
     def __init__(
         self,
-        db: Database,
+        store: Store,
         nodes: Nodes,
         bmc: BmcGateway,
         *,
         interval: float = 60.0,
         concurrency: int = 256,
     ) -> None:
-        self._db = db
+        self._store = store
         self._nodes = nodes
         self._bmc = bmc
         self.interval = interval
@@ -94,28 +94,29 @@ class PowerSync:
     async def run_once(self) -> list[str]:
         """Poll every BMC once; returns the nodes whose power is not as expected."""
         started = time.monotonic()
-        rows = await self._nodes.rows()
-        polled = await self._bmc.poll_power([self._nodes.target(r) for r in rows], self.concurrency)
-        drifted = await self._db.tx(lambda s: self._apply(s, polled))
+        nodes = await self._nodes.records()
+        targets = await self._nodes.targets(nodes)
+        polled = await self._bmc.poll_power(targets, self.concurrency)
+        drifted = await self._store.tx(lambda tx: self._apply(tx, polled))
         self.last_pass_seconds = time.monotonic() - started
         log.info(
             "power sync: %d BMCs in %.1fs, %d not as expected",
-            len(rows),
+            len(nodes),
             self.last_pass_seconds,
             len(drifted),
         )
         return drifted
 
     @staticmethod
-    def _apply(session: Session, polled: dict[str, tuple[str | None, str]]) -> list[str]:
+    def _apply(tx: Tx, polled: dict[str, tuple[str | None, str]]) -> list[str]:
         drifted = []
         for name, (power, health) in polled.items():
-            row = session.get(NodeRow, name)
-            if row is None:
+            node = tx.nodes.get(name)
+            if node is None:
                 continue
             if power is None:  # unreadable: only the BMC's health changes
-                row.bmc_health = health
-                session.add(row)
-            elif note_power(session, row, power, health):
+                node.bmc_health = health
+                tx.nodes.save(node)
+            elif note_power(tx, node, PowerState(power), health):
                 drifted.append(name)
         return sorted(drifted)

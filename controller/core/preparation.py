@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.core.errors import KilnError
+from controller.core.health import HealthReport
 from controller.core.model import BmcTarget
 from controller.core.ports import BmcGateway
 from controller.core.profiles import HealthGate, Profile
@@ -152,30 +153,29 @@ class Preparer:
             )
 
 
-def gate_problems(gate: HealthGate, health: dict[str, Any]) -> list[str]:
+def gate_problems(gate: HealthGate, health: HealthReport) -> list[str]:
     """Why a node's latest health sample fails ``gate`` (empty: it passes)."""
     problems: list[str] = []
-    gpus = health.get("gpus") or []
-    if not gpus:
+    if not health.gpus:
         return ["no GPU health reported"]
-    for g in gpus:
-        i = g.get("index")
-        if g.get("lost"):
+    for g in health.gpus:
+        i = g.index
+        if g.lost:
             problems.append(f"GPU {i} fell off the bus")
             continue
-        temp = g.get("temp_c")
+        temp = g.temp_c
         if gate.max_gpu_temp_c is not None and temp is None:
             problems.append(f"GPU {i} temperature unreadable")
-        elif gate.max_gpu_temp_c is not None and temp > gate.max_gpu_temp_c:
+        elif gate.max_gpu_temp_c is not None and temp is not None and temp > gate.max_gpu_temp_c:
             problems.append(f"GPU {i} at {temp:g} °C (gate {gate.max_gpu_temp_c:g} °C)")
-        if (g.get("ecc_dbe_volatile") or 0) > gate.max_ecc_dbe_volatile:
-            problems.append(f"GPU {i} has {g.get('ecc_dbe_volatile')} uncorrectable ECC errors")
-        if g.get("remap_failure"):
+        if g.ecc_dbe_volatile > gate.max_ecc_dbe_volatile:
+            problems.append(f"GPU {i} has {g.ecc_dbe_volatile} uncorrectable ECC errors")
+        if g.remap_failure:
             problems.append(f"GPU {i} row remapping failed")
-        if g.get("remap_pending") and not gate.allow_remap_pending:
+        if g.remap_pending and not gate.allow_remap_pending:
             problems.append(f"GPU {i} has a row remap pending (needs a reset)")
-        if g.get("nvlink_down") and not gate.allow_nvlink_down:
-            problems.append(f"GPU {i} NVLink(s) down: {g.get('nvlink_down')}")
-        if gate.require_fabric and not (g.get("fabric_state") == 3 and g.get("fabric_healthy")):
-            problems.append(f"GPU {i} NVLink fabric not ready (state {g.get('fabric_state')})")
+        if g.nvlink_down and not gate.allow_nvlink_down:
+            problems.append(f"GPU {i} NVLink(s) down: {list(g.nvlink_down)}")
+        if gate.require_fabric and not (g.fabric_state == 3 and g.fabric_healthy):
+            problems.append(f"GPU {i} NVLink fabric not ready (state {g.fabric_state})")
     return problems

@@ -27,16 +27,31 @@ class NodeState(enum.StrEnum):
     MAINTENANCE = "maintenance"
 
 
+class PowerState(enum.StrEnum):
+    ON = "on"
+    OFF = "off"
+    UNKNOWN = "unknown"
+
+
+class AllocationState(enum.StrEnum):
+    PENDING = "pending"
+    PREPARING = "preparing"  # booked; nodes being prepared to the allocation's profile
+    READY = "ready"  # handed over
+    RELEASED = "released"
+    FAILED = "failed"  # refused by the scheduler; holds nothing
+
+
+# Allocations that hold nodes.
+HOLDING = frozenset({AllocationState.PREPARING, AllocationState.READY})
+# Allocations the scheduler still looks at.
+OPEN = frozenset({AllocationState.PENDING, *HOLDING})
+
 S = NodeState
 
 # States a controller may find a node in after a crash, and where it resumes.
 TRANSITIONAL = frozenset({S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING})
 
 OUT_OF_SERVICE = frozenset({S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE})
-
-# A node's ``operation`` while it is prepared to an allocation's profile:
-# FOR_ALLOCATION + the profile's name.
-FOR_ALLOCATION = "profile:"
 
 ALLOWED: dict[NodeState, frozenset[NodeState]] = {
     S.ENROLLED: frozenset({S.INSPECTING}),

@@ -5,42 +5,42 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlmodel import Session
-
 from controller.core.errors import NotFound
 from controller.core.eventlog import record
+from controller.core.kinds import EventKind
+from controller.core.ports import Tx
+from controller.core.records import NodeRecord
 from controller.core.states import NodeState, check_transition
-from controller.store.models import NodeRow
 
 
-def load_node(session: Session, name: str) -> NodeRow:
+def load_node(tx: Tx, name: str) -> NodeRecord:
     """Raises NotFound when no node has that name."""
-    row = session.get(NodeRow, name)
-    if row is None:
+    node = tx.nodes.get(name)
+    if node is None:
         raise NotFound(kind="node", name=name)
-    return row
+    return node
 
 
-def move(session: Session, row: NodeRow, target: NodeState, reason: str, **data: Any) -> bool:
-    """Move ``row`` to ``target`` with ``reason``, recording a node.transition.
-
-    Idempotent: a node already in ``target`` is left alone (returns False).
+def move(tx: Tx, node: NodeRecord, target: NodeState, reason: str, **data: Any) -> bool:
+    """Move ``node`` to ``target`` with ``reason`` and save it, recording a
+    node.transition. Idempotent: a node already in ``target`` is left alone
+    (nothing is saved; returns False).
 
     Raises:
         FailedPrecondition: the state machine has no such transition.
     """
-    current = NodeState(row.state)
-    if not check_transition(row.name, current, target):
+    current = node.state
+    if not check_transition(node.name, current, target):
         return False
-    row.state = target.value
-    row.state_reason = reason
-    row.updated_at = time.time()
-    session.add(row)
+    node.state = target
+    node.state_reason = reason
+    node.updated_at = time.time()
+    tx.nodes.save(node)
     record(
-        session,
-        "node.transition",
-        node=row.name,
-        allocation=row.allocation_id,
+        tx,
+        EventKind.NODE_TRANSITION,
+        node=node.name,
+        allocation=node.allocation_id,
         reason=reason,
         from_state=current.value,
         to_state=target.value,

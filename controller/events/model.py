@@ -14,33 +14,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from controller.core.errors import InvalidArgument
+from controller.core.kinds import EventKind
 
-
-class EventKind(StrEnum):
-    """Kinds Kiln emits today. ``Event.kind`` is a plain string so that new
-    kinds never break old consumers; they should ignore kinds they don't know."""
-
-    NODE_ENROLLED = "node.enrolled"
-    NODE_TRANSITION = "node.transition"
-    NODE_POWER = "node.power"
-    NODE_AGENT = "node.agent"
-    NODE_DRIFT = "node.drift"
-    NODE_GPU_DRIFT = "node.gpu_drift"
-    ALLOCATION_CREATED = "allocation.created"
-    ALLOCATION_WAITING = "allocation.waiting"
-    ALLOCATION_PREPARING = "allocation.preparing"
-    ALLOCATION_READY = "allocation.ready"
-    ALLOCATION_FAILED = "allocation.failed"
-    ALLOCATION_NOTICE = "allocation.notice"
-    ALLOCATION_NODE_REPLACED = "allocation.node_replaced"
-    ALLOCATION_DEGRADED = "allocation.degraded"
-    ALLOCATION_RELEASED = "allocation.released"
-    POLICY_ACTION = "policy.action"
-
+__all__ = ["EVENT_SCHEMA", "KIND_PATTERN", "Event", "EventKind"]
 
 KIND_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$"
 

@@ -6,7 +6,12 @@ configuration reads; see ``docs/placement.md`` for the model and algorithm.
 """
 
 from controller.placement.engine import booking_for, place
-from controller.placement.export import export_k8s_labels, export_slurm_topology, hostlist
+from controller.placement.export import (
+    export_k8s_labels,
+    export_k8s_labels_text,
+    export_slurm_topology,
+    hostlist,
+)
 from controller.placement.hold import plan_hold
 from controller.placement.model import (
     Booking,
@@ -35,6 +40,7 @@ __all__ = [
     "Usage",
     "booking_for",
     "export_k8s_labels",
+    "export_k8s_labels_text",
     "export_slurm_topology",
     "hostlist",
     "place",

@@ -110,3 +110,13 @@ def export_k8s_labels(topology: Topology) -> dict[str, dict[str, str]]:
                 labels["nvidia.com/gpu.clique"] = label_value(domain)
             out[name] = labels
     return out
+
+
+def export_k8s_labels_text(topology: Topology) -> str:
+    """One line per node: its name, then ``key=value`` labels sorted by key."""
+    labels = export_k8s_labels(topology)
+    lines = [
+        f"{node} " + " ".join(f"{k}={v}" for k, v in sorted(kv.items()))
+        for node, kv in sorted(labels.items())
+    ]
+    return "\n".join(lines) + "\n"

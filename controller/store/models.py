@@ -1,8 +1,8 @@
 """Persistent state: the tables Kiln keeps in SQLite or PostgreSQL.
 
-Rows are plain storage shapes; the domain core converts them to its own
-dataclasses. JSON columns hold lists and small documents that are always
-read and written whole.
+Rows are plain storage shapes; ``controller.store.repositories`` converts
+them to the core's records and back, in one place. JSON columns hold lists and
+small documents that are always read and written whole.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ class NodeRow(SQLModel, table=True):
     allocation_id: str = Field(default="", index=True)
     agent_last_seen: float = 0.0
     health_json: str = ""
-    operation: str = ""  # the unfinished operation, for resume after a restart
+    # The unfinished operation, for resume after a restart ("": none):
+    drain_target: str = ""  # the out-of-service state a drain ends in
+    allocation_profile: str = ""  # preparing to its allocation's profile
     created_at: float = 0.0
     updated_at: float = 0.0
 

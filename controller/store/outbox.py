@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from sqlmodel import Session, col, select, update
-
 from controller.events.model import Event
-from controller.store.database import Database
 from controller.store.models import EventRow
+from controller.store.sql_store import SqlStore, SqlTx
 
 
 def to_event(row: EventRow) -> Event:
@@ -28,29 +26,17 @@ def to_event(row: EventRow) -> Event:
 class StoreOutbox:
     """Unpublished events in ``seq`` order; marked once the broker has them."""
 
-    def __init__(self, db: Database) -> None:
-        self._db = db
+    def __init__(self, store: SqlStore) -> None:
+        self._store = store
 
     async def unpublished(self, limit: int) -> list[Event]:
-        def query(session: Session) -> list[Event]:
-            stmt = (
-                select(EventRow)
-                .where(col(EventRow.published).is_(False))
-                .order_by(col(EventRow.seq))
-                .limit(limit)
-            )
-            return [to_event(r) for r in session.exec(stmt)]
+        def query(tx: SqlTx) -> list[Event]:
+            return [to_event(r) for r in tx.events.unpublished(limit)]
 
-        return await self._db.read(query)
+        return await self._store.read(query)
 
     async def mark_published(self, seqs: Sequence[int]) -> None:
         if not seqs:
             return
         wanted = list(seqs)
-
-        def write(session: Session) -> None:
-            session.exec(  # type: ignore[call-overload]
-                update(EventRow).where(col(EventRow.seq).in_(wanted)).values(published=True)
-            )
-
-        await self._db.read(write)
+        await self._store.tx(lambda tx: tx.events.mark_published(wanted))

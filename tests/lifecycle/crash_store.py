@@ -73,10 +73,10 @@ def read_store(db_path: Path) -> StoreSnapshot:
         conn.execute("BEGIN")
         try:
             nodes = {
-                r[0]: StoredNode(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6])
+                r[0]: StoredNode(r[0], r[1], r[2], bool(r[3]), r[4] or r[5], r[6], r[7])
                 for r in conn.execute(
-                    "SELECT name, state, allocation_id, drained, operation, profile, "
-                    "applied_profile FROM nodes"
+                    "SELECT name, state, allocation_id, drained, drain_target, "
+                    "allocation_profile, profile, applied_profile FROM nodes"
                 )
             }
             allocations = {

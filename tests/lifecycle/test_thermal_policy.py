@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import Session
 from thermal_harness import (
     ThermalHarness,
     allocation_topic,
@@ -24,8 +23,10 @@ from thermal_harness import (
     thermal_fleet,
 )
 
+from controller.api import convert
 from controller.sim.fleet import SIM_PASSWORD
 from controller.store.models import NodeRow
+from controller.store.sql_store import SqlTx
 from kiln.v1 import fleet_pb2, types_pb2
 
 S = types_pb2
@@ -161,9 +162,33 @@ GARBAGE: list[dict[str, Any]] = [
 ]
 
 
+def _on_the_wire(report: dict[str, Any]) -> types_pb2.NodeHealth | None:
+    """``report`` as the NodeHealth message an agent would send; None when the
+    message types cannot even carry it (a string temperature, an index that
+    is not a number): such a report never reaches the controller."""
+    gpus = report.get("gpus")
+    if not isinstance(gpus, list):
+        return types_pb2.NodeHealth() if gpus is None else None
+    try:
+        return types_pb2.NodeHealth(
+            gpus=[
+                types_pb2.GpuHealth(**{k: v for k, v in g.items() if v is not None}) for g in gpus
+            ]
+        )
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+async def _observe(h: ThermalHarness, node: str, report: dict[str, Any]) -> None:
+    """Feed ``report`` to the policies through the API's edge conversion."""
+    message = _on_the_wire(report)
+    if message is not None:
+        await h.policies.observe(node, "r01", convert.health_from_pb(message))
+
+
 async def _feed(h: ThermalHarness, node: str, reports: list[dict[str, Any]], every: float) -> None:
     for report in reports:
-        await h.policies.observe(node, "r01", report)
+        await _observe(h, node, report)
         await asyncio.sleep(every)
 
 
@@ -186,10 +211,10 @@ async def test_garbage_readings_and_one_sample_spikes_power_nothing_down(
         for i in range(16):
             temps = list(moving)
             temps[i % 4] = 95.0
-            await h.policies.observe(silent, "r01", _gpus(*temps))
+            await _observe(h, silent, _gpus(*temps))
             await asyncio.sleep(0.1)
         # One hot sample on a node whose agent keeps reporting normal readings.
-        await h.policies.observe(spiked, "r01", _gpus(95.0, 95.0, 95.0, 95.0))
+        await _observe(h, spiked, _gpus(95.0, 95.0, 95.0, 95.0))
         await asyncio.sleep(2.0)
 
         shown = await h.node(live)
@@ -343,14 +368,14 @@ async def test_a_power_off_the_bmc_refuses_leaves_the_node_drained_not_off(
         name = "h200-n02"
         wrong = "rotated-password-kiln-does-not-know"
 
-        def rotate(session: Session) -> None:  # the BMC's password changed under Kiln
-            row = session.get(NodeRow, name)
+        def rotate(tx: SqlTx) -> None:  # the BMC's password changed under Kiln
+            row = tx.session.get(NodeRow, name)
             assert row is not None
             row.bmc_password = wrong
-            session.add(row)
+            tx.session.add(row)
 
-        assert h.server.db is not None
-        await h.server.db.tx(rotate)
+        assert h.server.store is not None
+        await h.server.store.tx(rotate)
         started = time.time()
         await h.heat(name, gpu=5, target_c=88.0)
         failed = await h.mqtt.wait_for(

@@ -59,8 +59,8 @@ async def test_the_database_never_holds_the_password(tmp_path: Path) -> None:
                 )
             )
             assert server.fleet is not None
-            rows = await server.fleet.nodes.rows()
-            assert server.fleet.nodes.target(rows[0]).password == "hunter2-at-rest"
+            nodes = await server.fleet.nodes.records()
+            assert (await server.fleet.nodes.target(nodes[0])).password == "hunter2-at-rest"
     finally:
         await server.stop()
     assert (tmp_path / "secret.key").exists()

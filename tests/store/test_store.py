@@ -16,9 +16,11 @@ from sqlmodel import Session, SQLModel, select
 
 from controller.core.errors import InvalidArgument
 from controller.core.eventlog import EventLog, record
-from controller.store.database import Database
-from controller.store.db import default_sqlite_url, open_engine
-from controller.store.models import AllocationRow, EventRow, NodeRow
+from controller.core.kinds import EventKind
+from controller.core.records import NodeRecord
+from controller.store.engine import default_sqlite_url, open_engine
+from controller.store.models import AllocationRow, EventRow
+from controller.store.sql_store import SqlStore, SqlTx
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -44,11 +46,11 @@ def test_migrations_build_exactly_the_models(engine: Engine) -> None:
 
 
 def test_migrating_twice_is_a_no_op(engine: Engine) -> None:
-    from controller.store.db import migrate
+    from controller.store.engine import migrate
 
     migrate(engine)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
@@ -75,18 +77,19 @@ def test_allocation_keys_are_unique(engine: Engine) -> None:
 
 
 async def test_events_commit_with_the_change_and_read_back_in_order(engine: Engine) -> None:
-    db = Database(engine)
+    db = SqlStore(engine)
     log = EventLog(db)
 
-    def write(session: Session) -> None:
-        session.add(NodeRow(name="n1", bmc_url="redfish+http://127.0.0.1:1/redfish/v1/Systems/1"))
-        record(session, "node.enrolled", node="n1", reason="enrolled", extra=1)
-        record(session, "node.transition", node="n1", reason="next")
+    def write(tx: SqlTx) -> None:
+        node = NodeRecord(name="n1", bmc_url="redfish+http://127.0.0.1:1/redfish/v1/Systems/1")
+        tx.nodes.add(node, "pw")
+        record(tx, EventKind.NODE_ENROLLED, node="n1", reason="enrolled", extra=1)
+        record(tx, EventKind.NODE_TRANSITION, node="n1", reason="next")
 
     await db.tx(write)
 
-    def failing(session: Session) -> None:
-        record(session, "node.transition", node="n1", reason="never")
+    def failing(tx: SqlTx) -> None:
+        record(tx, EventKind.NODE_TRANSITION, node="n1", reason="never")
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
@@ -97,7 +100,7 @@ async def test_events_commit_with_the_change_and_read_back_in_order(engine: Engi
     assert events[0].data == {"extra": 1}
     later = await log.since(events[0].seq)
     assert [e.reason for e in later] == ["next"]
-    rows = await db.read(lambda s: list(s.exec(select(EventRow))))
+    rows = await db.read(lambda tx: list(tx.session.exec(select(EventRow))))
     assert all(not r.published for r in rows)
     assert json.loads(rows[0].data_json) == {"extra": 1}
     db.close()

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from controller.core.errors import InvalidArgument, NotFound
+from controller.core.health import GpuHealth, HealthReport
 from controller.core.preparation import gate_problems
 from controller.core.profiles import HealthGate, ProfileCatalog, parse_profile
 
@@ -133,4 +134,7 @@ def gpu(**fields: Any) -> dict[str, Any]:
     ],
 )
 def test_health_gate(gate: HealthGate, gpus: list[dict[str, Any]], expected: list[str]) -> None:
-    assert gate_problems(gate, {"gpus": gpus}) == expected
+    report = HealthReport(
+        gpus=tuple(GpuHealth(**{**g, "nvlink_down": tuple(g["nvlink_down"])}) for g in gpus)
+    )
+    assert gate_problems(gate, report) == expected

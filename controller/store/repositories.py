@@ -1,0 +1,315 @@
+"""The core's repositories (``controller.core.ports``) on SQLModel tables.
+
+Rows and records meet here and nowhere else: every ``*_json`` column is
+parsed and written in this module, states become enums on the way in, and a
+node's BMC password is sealed on the way in and opened only for a
+``BmcTarget``. Each repository works inside the one ``Session`` of the
+transaction it belongs to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from collections.abc import Collection, Sequence
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select, update
+
+from controller.core.health import GpuHealth, HealthReport
+from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo
+from controller.core.records import AllocationRecord, NewEvent, NodeRecord
+from controller.core.states import AllocationState, NodeState, PowerState
+from controller.store.models import AllocationRow, EventRow, GpuRow, NodeRow
+from controller.store.secrets import SecretBox
+
+# -- JSON columns --------------------------------------------------------------
+
+_GPU_HEALTH_FIELDS = {f.name: f for f in dataclasses.fields(GpuHealth)}
+_GPU_HEALTH_LISTS = {n for n, f in _GPU_HEALTH_FIELDS.items() if str(f.type).startswith("tuple")}
+
+
+def health_to_json(health: HealthReport | None) -> str:
+    return json.dumps(dataclasses.asdict(health)) if health is not None else ""
+
+
+def health_from_json(text: str) -> HealthReport | None:
+    if not text:
+        return None
+    data = json.loads(text)
+    gpus = []
+    for g in data.get("gpus") or []:
+        values = {k: v for k, v in g.items() if k in _GPU_HEALTH_FIELDS}
+        for name in _GPU_HEALTH_LISTS & values.keys():
+            values[name] = tuple(values[name] or ())
+        gpus.append(GpuHealth(**values))
+    return HealthReport(
+        sampled_at=float(data.get("sampled_at") or 0.0),
+        source=str(data.get("source") or "agent"),
+        gpus=tuple(gpus),
+        bmc_temps_c=tuple(data.get("bmc_temps_c") or ()),
+        drift=tuple(data.get("drift") or ()),
+    )
+
+
+def _names(text: str) -> list[str]:
+    return [str(n) for n in json.loads(text or "[]")]
+
+
+# -- rows ⇄ records -------------------------------------------------------------
+
+_NODE_PLAIN = (
+    "name",
+    "rack",
+    "leaf",
+    "spine",
+    "bmc_url",
+    "bmc_username",
+    "bmc_insecure",
+    "bmc_ca_bundle",
+    "bmc_health",
+    "state_reason",
+    "drained",
+    "gpu_model",
+    "gpu_count",
+    "nvlink_domain",
+    "profile",
+    "applied_profile",
+    "allocation_id",
+    "agent_last_seen",
+    "created_at",
+    "updated_at",
+)
+
+
+_POWER_STATES = frozenset(s.value for s in PowerState)
+
+
+def node_record(row: NodeRow) -> NodeRecord:
+    return NodeRecord(
+        **{name: getattr(row, name) for name in _NODE_PLAIN},
+        state=NodeState(row.state),
+        power=PowerState(row.power) if row.power in _POWER_STATES else PowerState.UNKNOWN,
+        expected_power=PowerState(row.expected_power) if row.expected_power else None,
+        health=health_from_json(row.health_json),
+        drain_target=NodeState(row.drain_target) if row.drain_target else None,
+        allocation_profile=row.allocation_profile or None,
+    )
+
+
+def _copy_node(node: NodeRecord, row: NodeRow) -> None:
+    for name in _NODE_PLAIN:
+        setattr(row, name, getattr(node, name))
+    row.state = node.state.value
+    row.power = node.power.value
+    row.expected_power = node.expected_power.value if node.expected_power else ""
+    row.health_json = health_to_json(node.health)
+    row.drain_target = node.drain_target.value if node.drain_target else ""
+    row.allocation_profile = node.allocation_profile or ""
+
+
+def gpu_info(row: GpuRow) -> GpuInfo:
+    return GpuInfo(**{f.name: getattr(row, f.name) for f in dataclasses.fields(GpuInfo)})
+
+
+def allocation_record(row: AllocationRow) -> AllocationRecord:
+    return AllocationRecord(
+        id=row.id,
+        key=row.key,
+        spec=AllocationSpec.from_dict(json.loads(row.spec_json)),
+        state=AllocationState(row.state),
+        reason=row.reason,
+        nodes=_names(row.nodes_json),
+        spares=_names(row.spares_json),
+        domains=_names(row.domains_json),
+        submitted=row.submitted,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _copy_allocation(alloc: AllocationRecord, row: AllocationRow) -> None:
+    row.key = alloc.key
+    row.spec_json = json.dumps(alloc.spec.to_dict(), sort_keys=True)
+    row.state = alloc.state.value
+    row.reason = alloc.reason
+    row.nodes_json = json.dumps(alloc.nodes)
+    row.spares_json = json.dumps(alloc.spares)
+    row.domains_json = json.dumps(alloc.domains)
+    row.queue = alloc.spec.queue or "default"
+    row.priority = alloc.spec.priority
+    row.submitted = alloc.submitted
+    row.created_at = alloc.created_at
+    row.updated_at = alloc.updated_at
+
+
+_EVENT_PLAIN = tuple(f.name for f in dataclasses.fields(EventInfo) if f.name not in ("seq", "data"))
+
+
+def event_info(row: EventRow) -> EventInfo:
+    return EventInfo(
+        seq=int(row.seq or 0),
+        data=json.loads(row.data_json or "{}"),
+        **{name: getattr(row, name) for name in _EVENT_PLAIN},
+    )
+
+
+# -- repositories -----------------------------------------------------------------
+
+
+class SqlNodes:
+    def __init__(self, session: Session, secrets: SecretBox) -> None:
+        self._session = session
+        self._secrets = secrets
+
+    def _row(self, name: str) -> NodeRow | None:
+        return self._session.get(NodeRow, name)
+
+    def get(self, name: str) -> NodeRecord | None:
+        row = self._row(name)
+        return node_record(row) if row is not None else None
+
+    def find(self, *, rack: str = "", state: NodeState | None = None) -> list[NodeRecord]:
+        stmt = select(NodeRow)
+        if rack:
+            stmt = stmt.where(NodeRow.rack == rack)
+        if state is not None:
+            stmt = stmt.where(NodeRow.state == state.value)
+        return [node_record(r) for r in self._session.exec(stmt.order_by(col(NodeRow.name)))]
+
+    def held_by(self, allocation: str) -> list[NodeRecord]:
+        stmt = select(NodeRow).where(NodeRow.allocation_id == allocation)
+        return [node_record(r) for r in self._session.exec(stmt.order_by(col(NodeRow.name)))]
+
+    def add(self, node: NodeRecord, bmc_password: str) -> None:
+        row = NodeRow(name=node.name, bmc_url=node.bmc_url)
+        _copy_node(node, row)
+        row.bmc_password = self._secrets.seal(bmc_password)
+        self._session.add(row)
+        self._session.flush()
+
+    def save(self, node: NodeRecord) -> None:
+        row = self._row(node.name)
+        if row is None:
+            raise KeyError(f"node {node.name!r} was never added")
+        _copy_node(node, row)
+        self._session.add(row)
+
+    def save_health(self, name: str, health: HealthReport, seen_at: float) -> NodeRecord | None:
+        row = self._row(name)
+        if row is None:
+            return None
+        row.health_json = health_to_json(health)
+        row.agent_last_seen = seen_at
+        self._session.add(row)
+        return node_record(row)
+
+    def bmc_target(self, node: NodeRecord) -> BmcTarget:
+        row = self._row(node.name)
+        sealed = row.bmc_password if row is not None else ""
+        return BmcTarget(
+            node=node.name,
+            url=node.bmc_url,
+            username=node.bmc_username,
+            password=self._secrets.open(sealed),
+            insecure=node.bmc_insecure,
+            ca_bundle=node.bmc_ca_bundle,
+        )
+
+    def gpus(self, name: str) -> list[GpuInfo]:
+        stmt = select(GpuRow).where(GpuRow.node == name).order_by(col(GpuRow.index))
+        return [gpu_info(g) for g in self._session.exec(stmt)]
+
+    def gpus_by_node(self) -> dict[str, list[GpuInfo]]:
+        by_node: dict[str, list[GpuInfo]] = defaultdict(list)
+        for g in self._session.exec(select(GpuRow).order_by(col(GpuRow.index))):
+            by_node[g.node].append(gpu_info(g))
+        return dict(by_node)
+
+    def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:
+        for old in self._session.exec(select(GpuRow).where(GpuRow.node == name)):
+            self._session.delete(old)
+        self._session.flush()
+        for g in gpus:  # GpuInfo and GpuRow share their field names
+            self._session.add(GpuRow(node=name, **dataclasses.asdict(g)))
+
+
+class SqlAllocations:
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def get(self, ident: str) -> AllocationRecord | None:
+        row = self._session.get(AllocationRow, ident)
+        return allocation_record(row) if row is not None else None
+
+    def by_key(self, key: str) -> AllocationRecord | None:
+        row = self._session.exec(select(AllocationRow).where(AllocationRow.key == key)).first()
+        return allocation_record(row) if row is not None else None
+
+    def find(self, states: Collection[AllocationState] | None = None) -> list[AllocationRecord]:
+        stmt = select(AllocationRow).order_by(col(AllocationRow.submitted))
+        if states is not None:
+            stmt = stmt.where(col(AllocationRow.state).in_([s.value for s in states]))
+        return [allocation_record(r) for r in self._session.exec(stmt)]
+
+    def add(self, allocation: AllocationRecord) -> None:
+        row = AllocationRow(id=allocation.id, key=allocation.key, spec_json="{}")
+        _copy_allocation(allocation, row)
+        self._session.add(row)
+
+    def save(self, allocation: AllocationRecord) -> None:
+        row = self._session.get(AllocationRow, allocation.id)
+        if row is None:
+            raise KeyError(f"allocation {allocation.id!r} was never added")
+        _copy_allocation(allocation, row)
+        self._session.add(row)
+
+    def last_submitted(self) -> int:
+        last = self._session.exec(select(func.max(AllocationRow.submitted))).first()
+        return int(last or 0)
+
+
+class SqlEvents:
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self.added = 0
+
+    def add(self, event: NewEvent) -> None:
+        self._session.add(
+            EventRow(
+                at=event.at,
+                kind=str(event.kind),
+                node=event.node,
+                allocation=event.allocation,
+                rule=event.rule,
+                reason=event.reason,
+                data_json=json.dumps(event.data, sort_keys=True, default=str),
+            )
+        )
+        self.added += 1
+
+    def since(
+        self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
+    ) -> list[EventInfo]:
+        stmt = select(EventRow).where(col(EventRow.seq) > after_seq)
+        if node:
+            stmt = stmt.where(EventRow.node == node)
+        if allocation:
+            stmt = stmt.where(EventRow.allocation == allocation)
+        stmt = stmt.order_by(col(EventRow.seq)).limit(limit)
+        return [event_info(r) for r in self._session.exec(stmt)]
+
+    def unpublished(self, limit: int) -> list[EventRow]:
+        stmt = (
+            select(EventRow)
+            .where(col(EventRow.published).is_(False))
+            .order_by(col(EventRow.seq))
+            .limit(limit)
+        )
+        return list(self._session.exec(stmt))
+
+    def mark_published(self, seqs: Sequence[int]) -> None:
+        self._session.exec(  # type: ignore[call-overload]
+            update(EventRow).where(col(EventRow.seq).in_(list(seqs))).values(published=True)
+        )

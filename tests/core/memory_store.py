@@ -1,0 +1,190 @@
+"""An in-memory store that implements the core's repository Protocols.
+
+Each transaction works on a copy of the whole state and replaces it only when
+the function returns, so a unit of work that raises leaves nothing behind —
+as a database transaction does. Records go in and out as copies: changing a
+record without saving it changes nothing, as with the SQL store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from controller.core.errors import DuplicateKey
+from controller.core.health import HealthReport
+from controller.core.model import BmcTarget, EventInfo, GpuInfo
+from controller.core.records import AllocationRecord, NewEvent, NodeRecord
+from controller.core.states import AllocationState, NodeState
+
+T = TypeVar("T")
+
+
+@dataclass
+class _State:
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    passwords: dict[str, str] = field(default_factory=dict)
+    gpus: dict[str, list[GpuInfo]] = field(default_factory=dict)
+    allocations: dict[str, AllocationRecord] = field(default_factory=dict)
+    events: list[EventInfo] = field(default_factory=list)
+
+
+class MemoryNodes:
+    def __init__(self, state: _State) -> None:
+        self._s = state
+
+    def get(self, name: str) -> NodeRecord | None:
+        node = self._s.nodes.get(name)
+        return copy.deepcopy(node) if node is not None else None
+
+    def find(self, *, rack: str = "", state: NodeState | None = None) -> list[NodeRecord]:
+        return [
+            copy.deepcopy(n)
+            for _, n in sorted(self._s.nodes.items())
+            if (not rack or n.rack == rack) and (state is None or n.state == state)
+        ]
+
+    def held_by(self, allocation: str) -> list[NodeRecord]:
+        return [n for n in self.find() if n.allocation_id == allocation]
+
+    def add(self, node: NodeRecord, bmc_password: str) -> None:
+        if node.name in self._s.nodes:
+            raise DuplicateKey(f"node {node.name} exists")
+        self._s.nodes[node.name] = copy.deepcopy(node)
+        self._s.passwords[node.name] = bmc_password
+
+    def save(self, node: NodeRecord) -> None:
+        if node.name not in self._s.nodes:
+            raise KeyError(node.name)
+        self._s.nodes[node.name] = copy.deepcopy(node)
+
+    def save_health(self, name: str, health: HealthReport, seen_at: float) -> NodeRecord | None:
+        node = self._s.nodes.get(name)
+        if node is None:
+            return None
+        node.health = health
+        node.agent_last_seen = seen_at
+        return copy.deepcopy(node)
+
+    def bmc_target(self, node: NodeRecord) -> BmcTarget:
+        return BmcTarget(
+            node=node.name,
+            url=node.bmc_url,
+            username=node.bmc_username,
+            password=self._s.passwords.get(node.name, ""),
+            insecure=node.bmc_insecure,
+            ca_bundle=node.bmc_ca_bundle,
+        )
+
+    def gpus(self, name: str) -> list[GpuInfo]:
+        return list(self._s.gpus.get(name, []))
+
+    def gpus_by_node(self) -> dict[str, list[GpuInfo]]:
+        return {k: list(v) for k, v in self._s.gpus.items()}
+
+    def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:
+        self._s.gpus[name] = sorted(gpus, key=lambda g: g.index)
+
+
+class MemoryAllocations:
+    def __init__(self, state: _State) -> None:
+        self._s = state
+
+    def get(self, ident: str) -> AllocationRecord | None:
+        alloc = self._s.allocations.get(ident)
+        return copy.deepcopy(alloc) if alloc is not None else None
+
+    def by_key(self, key: str) -> AllocationRecord | None:
+        found = [a for a in self._s.allocations.values() if a.key == key]
+        return copy.deepcopy(found[0]) if found else None
+
+    def find(self, states: Collection[AllocationState] | None = None) -> list[AllocationRecord]:
+        allocs = sorted(self._s.allocations.values(), key=lambda a: a.submitted)
+        return [copy.deepcopy(a) for a in allocs if states is None or a.state in states]
+
+    def add(self, allocation: AllocationRecord) -> None:
+        if self.by_key(allocation.key) is not None or allocation.id in self._s.allocations:
+            raise DuplicateKey(f"allocation key {allocation.key} exists")
+        self._s.allocations[allocation.id] = copy.deepcopy(allocation)
+
+    def save(self, allocation: AllocationRecord) -> None:
+        if allocation.id not in self._s.allocations:
+            raise KeyError(allocation.id)
+        self._s.allocations[allocation.id] = copy.deepcopy(allocation)
+
+    def last_submitted(self) -> int:
+        return max((a.submitted for a in self._s.allocations.values()), default=0)
+
+
+class MemoryEvents:
+    def __init__(self, state: _State) -> None:
+        self._s = state
+        self.added = 0
+
+    def add(self, event: NewEvent) -> None:
+        seq = (self._s.events[-1].seq if self._s.events else 0) + 1
+        self._s.events.append(
+            EventInfo(
+                seq=seq,
+                at=event.at,
+                kind=str(event.kind),
+                node=event.node,
+                allocation=event.allocation,
+                rule=event.rule,
+                reason=event.reason,
+                data=copy.deepcopy(event.data),
+            )
+        )
+        self.added += 1
+
+    def since(
+        self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
+    ) -> list[EventInfo]:
+        found = [
+            e
+            for e in self._s.events
+            if e.seq > after_seq
+            and (not node or e.node == node)
+            and (not allocation or e.allocation == allocation)
+        ]
+        return [replace(e) for e in found[:limit]]
+
+
+class MemoryTx:
+    def __init__(self, state: _State) -> None:
+        self.nodes = MemoryNodes(state)
+        self.allocations = MemoryAllocations(state)
+        self.events = MemoryEvents(state)
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._state = _State()
+        self._lock = asyncio.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self.transactions = 0
+
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    async def tx(self, fn: Callable[[MemoryTx], T]) -> T:
+        async with self._lock:
+            work = copy.deepcopy(self._state)
+            tx = MemoryTx(work)
+            result = fn(tx)
+            self._state = work
+            self.transactions += 1
+        if tx.events.added:
+            for listener in self._listeners:
+                listener()
+        return result
+
+    async def read(self, fn: Callable[[MemoryTx], T]) -> T:
+        async with self._lock:
+            return fn(MemoryTx(copy.deepcopy(self._state)))
+
+    def close(self) -> None:
+        pass

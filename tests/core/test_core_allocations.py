@@ -1,0 +1,136 @@
+"""Allocations in the core alone: booking, idempotency, refusal, release,
+replacement — on the in-memory store and on SQLite."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from core_builders import Racks, reconcile, states
+from core_fakes import FakeBmc
+
+from controller.core.errors import AlreadyExists, FailedPrecondition, NotFound
+from controller.core.fleet import Fleet
+from controller.core.model import AllocationSpec
+from controller.core.states import AllocationState, NodeState
+
+pytestmark = pytest.mark.timeout(60)
+
+TRAYS = [f"r1-t{i}" for i in range(1, 5)]
+
+
+@pytest.fixture
+async def fleet(make_fleet: Callable[..., Fleet]) -> AsyncIterator[tuple[Fleet, Racks]]:
+    fleet = make_fleet()
+    async with contextlib.AsyncExitStack() as stack:
+        racks = Racks(fleet, stack)
+        yield fleet, racks
+        await fleet.stop()
+
+
+async def test_a_node_reaches_ready_through_inspection_and_preparation(
+    fleet: tuple[Fleet, Racks], bmc: FakeBmc
+) -> None:
+    f, racks = fleet
+    (node,) = await racks.add(["n1"], rack="r1")
+    assert node.state == NodeState.READY and node.schedulable
+    assert node.gpu_model == "GB200" and node.gpu_count == 4 and node.nvlink_domain == "r1"
+    assert bmc.power["n1"] == "on"  # inspection powered it on through its BMC
+    kinds = [e.kind for e in await f.events.since(0, node="n1")]
+    assert kinds[0] == "node.enrolled" and "node.agent" in kinds
+    assert [
+        e.data["to_state"] for e in await f.events.since(0, node="n1") if e.data.get("to_state")
+    ] == [
+        "inspecting",
+        "preparing",
+        "ready",
+    ]
+
+
+async def test_gang_booked_whole_in_one_domain_and_released(fleet: tuple[Fleet, Racks]) -> None:
+    f, racks = fleet
+    await racks.add(TRAYS, rack="r1")
+    await racks.add(["r2-t1", "r2-t2"], rack="r2")
+    alloc = await f.create_allocation("job-1", AllocationSpec(nodes=3, topology="nvlink"))
+    assert alloc.state == AllocationState.READY
+    assert set(alloc.nodes) <= set(TRAYS) and len(alloc.nodes) == 3
+    assert alloc.domains == ("r1",)
+    held = {n.name for n in await f.list_nodes() if n.allocation == alloc.id}
+    assert held == set(alloc.nodes)
+    now = await states(f)
+    assert all(now[n] == NodeState.ALLOCATED for n in alloc.nodes)
+
+    released = await f.release(alloc.id)
+    assert released.state == AllocationState.RELEASED
+    now = await states(f)
+    assert all(now[n] == NodeState.RELEASING for n in alloc.nodes)
+    await reconcile(f)
+    nodes = {n.name: n for n in await f.list_nodes()}
+    assert all(nodes[n].schedulable for n in alloc.nodes)
+    again = await f.release(alloc.id)  # idempotent
+    assert again.state == AllocationState.RELEASED and again.updated_at == released.updated_at
+
+
+async def test_the_same_key_returns_the_same_allocation_and_another_spec_conflicts(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    f, racks = fleet
+    await racks.add(TRAYS, rack="r1")
+    first = await f.create_allocation("k", AllocationSpec(nodes=2))
+    assert (await f.create_allocation("k", AllocationSpec(nodes=2))).id == first.id
+    with pytest.raises(AlreadyExists, match="already used for a different request"):
+        await f.create_allocation("k", AllocationSpec(nodes=3))
+    assert len(await f.list_allocations()) == 1
+
+
+async def test_a_request_that_can_never_fit_is_refused_and_stores_nothing(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    f, racks = fleet
+    await racks.add(TRAYS, rack="r1")
+    before = len(await f.events.since(0))
+    with pytest.raises(FailedPrecondition, match="can never fit"):
+        await f.create_allocation("big", AllocationSpec(nodes=5))
+    assert await f.list_allocations(include_released=True) == []
+    assert len(await f.events.since(0)) == before
+    with pytest.raises(NotFound):
+        await f.get_allocation("big")
+
+
+async def test_a_request_that_cannot_fit_now_waits_and_is_admitted_after_a_release(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    f, racks = fleet
+    await racks.add(TRAYS, rack="r1")
+    first = await f.create_allocation("a", AllocationSpec(nodes=3))
+    second = await f.create_allocation("b", AllocationSpec(nodes=2))
+    assert second.state == AllocationState.PENDING and "GB200" not in second.reason
+    assert second.reason  # why it waits
+    await f.release(first.id)
+    await reconcile(f)
+    await f.allocations.schedule_pass()
+    admitted = await f.get_allocation(second.id)
+    assert admitted.state == AllocationState.READY and len(admitted.nodes) == 2
+
+
+async def test_a_failed_node_is_replaced_by_the_allocations_hot_spare(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    f, racks = fleet
+    await racks.add(TRAYS, rack="r1")
+    alloc = await f.create_allocation(
+        "spare", AllocationSpec(nodes=2, topology="nvlink", spares_per_domain=1)
+    )
+    assert alloc.state == AllocationState.READY and len(alloc.spares) == 1
+    failed, spare = alloc.nodes[0], alloc.spares[0]
+    await f.drain(failed, "bad GPU")
+    await f.allocations.node_failed(failed, "bad GPU")
+    after = await f.get_allocation(alloc.id)
+    assert failed not in after.nodes and spare in after.nodes and after.spares == ()
+    assert (await f.get_node(failed)).allocation == ""
+    replaced = [e for e in await f.events.since(0) if e.kind == "allocation.node_replaced"]
+    assert replaced and replaced[-1].data["failed"] == failed
+    # No node is ever in two allocations.
+    holders = [n.allocation for n in await f.list_nodes() if n.allocation]
+    assert len(holders) == len(after.nodes)

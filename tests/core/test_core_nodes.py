@@ -1,0 +1,199 @@
+"""Node rules in the core alone: enrolment checks, transitions, drain and
+undrain, power sync decisions and health reports — on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from core_builders import Racks, reconcile, spec
+from core_fakes import FakeBmc
+
+from controller.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from controller.core.fleet import Fleet
+from controller.core.health import GpuHealth, HealthReport
+from controller.core.model import AllocationSpec
+from controller.core.ports import Store
+from controller.core.profiles import ProfileCatalog, parse_profile
+from controller.core.states import AllocationState, NodeState, PowerState
+from controller.core.transitions import load_node, move
+
+pytestmark = pytest.mark.timeout(60)
+
+TRAIN = parse_profile({"version": "v1", "name": "train", "gpu": {"persistence_mode": True}}, "test")
+
+
+@pytest.fixture
+async def fleet(make_fleet: Callable[..., Fleet]) -> AsyncIterator[tuple[Fleet, Racks]]:
+    fleet = make_fleet(ProfileCatalog({"train": TRAIN}))
+    async with contextlib.AsyncExitStack() as stack:
+        yield fleet, Racks(fleet, stack)
+        await fleet.stop()
+
+
+async def test_enrolling_with_an_unknown_profile_stores_nothing(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    f, _ = fleet
+    with pytest.raises(NotFound, match="profile 'nope'"):
+        await f.enroll(spec("n1", profile="nope"))
+    assert await f.list_nodes() == []
+    assert await f.events.since(0) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "rack", "url", "error"),
+    [
+        ("bad name!", "", "fake://x", "node name"),
+        ("n1", "rack one", "fake://x", "rack name"),
+        ("n1", "", "http://x", "must start with fake://"),
+    ],
+    ids=["node-name", "rack-name", "bmc-url"],
+)
+async def test_bad_enrolments_are_refused_and_store_nothing(
+    fleet: tuple[Fleet, Racks], name: str, rack: str, url: str, error: str
+) -> None:
+    f, _ = fleet
+    bad = spec(name, rack)
+    bad = type(bad)(**{**bad.__dict__, "bmc_url": url})
+    with pytest.raises(InvalidArgument, match=error):
+        await f.enroll(bad)
+    assert await f.list_nodes() == []
+
+
+async def test_enrolment_is_idempotent_and_a_changed_bmc_conflicts(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    f, _ = fleet
+    first = await f.enroll(spec("n1", "r1"))
+    again = await f.enroll(spec("n1", "r1"))
+    assert again.updated_at == first.updated_at
+    moved = spec("n1", "r2")
+    with pytest.raises(AlreadyExists):
+        await f.enroll(moved)
+    assert [e.kind for e in await f.events.since(0)] == ["node.enrolled"]
+
+
+async def test_transitions_are_checked_recorded_and_idempotent(store: Store) -> None:
+    fleet = Fleet(store, FakeBmc())
+    await fleet.enroll(spec("n1"))
+
+    def to_inspecting(tx: object) -> bool:
+        return move(tx, load_node(tx, "n1"), NodeState.INSPECTING, "look")  # type: ignore[arg-type]
+
+    assert await store.tx(to_inspecting) is True
+    assert await store.tx(to_inspecting) is False  # already there: nothing recorded
+    with pytest.raises(FailedPrecondition, match="cannot go from inspecting to allocated"):
+        await store.tx(lambda tx: move(tx, load_node(tx, "n1"), NodeState.ALLOCATED, "skip ahead"))
+    moves = [e.data for e in await fleet.events.since(0) if e.kind == "node.transition"]
+    assert moves == [{"from_state": "enrolled", "to_state": "inspecting"}]
+    assert (await fleet.get_node("n1")).state == NodeState.INSPECTING
+
+
+async def test_a_failed_unit_of_work_leaves_nothing_behind(store: Store) -> None:
+    fleet = Fleet(store, FakeBmc())
+    await fleet.enroll(spec("n1"))
+
+    def half_done(tx: object) -> None:
+        node = load_node(tx, "n1")  # type: ignore[arg-type]
+        move(tx, node, NodeState.INSPECTING, "look")  # type: ignore[arg-type]
+        raise RuntimeError("crash mid-transaction")
+
+    with pytest.raises(RuntimeError):
+        await store.tx(half_done)
+    assert (await fleet.get_node("n1")).state == NodeState.ENROLLED
+    assert [e.kind for e in await fleet.events.since(0)] == ["node.enrolled"]
+
+
+async def test_undrain_resumes_preparing_a_node_for_its_allocations_profile(
+    fleet: tuple[Fleet, Racks], bmc: FakeBmc
+) -> None:
+    f, racks = fleet
+    await racks.add(["n1", "n2"], rack="r1")
+    alloc = await f.create_allocation("p", AllocationSpec(nodes=1, profile="train"))
+    assert alloc.state == AllocationState.PREPARING
+    (name,) = alloc.nodes
+    record = await f.nodes.record(name)
+    assert record.state == NodeState.PREPARING and record.allocation_profile == "train"
+    await f.drain(name, "operator looks at it")
+    await f.undrain(name)
+    record = await f.nodes.record(name)
+    assert record.state == NodeState.PREPARING and record.allocation_profile == "train"
+    await reconcile(f)
+    assert (await f.get_allocation(alloc.id)).state == AllocationState.READY
+    record = await f.nodes.record(name)
+    assert record.applied_profile == "train" and not record.mid_operation
+
+
+async def test_a_drained_node_ends_in_maintenance_once_free_and_undrain_reinspects(
+    fleet: tuple[Fleet, Racks], bmc: FakeBmc
+) -> None:
+    f, racks = fleet
+    await racks.add(["n1"], rack="r1")
+    drained = await f.drain("n1", "swap a fan")
+    assert drained.state == NodeState.DRAINING and not drained.schedulable
+    await reconcile(f)
+    assert (await f.get_node("n1")).state == NodeState.MAINTENANCE
+    await f.undrain("n1")
+    await reconcile(f)
+    node = await f.get_node("n1")
+    assert node.state == NodeState.READY and node.schedulable
+
+
+async def test_power_sync_tells_once_per_change_and_an_unreadable_bmc_only_changes_health(
+    fleet: tuple[Fleet, Racks], bmc: FakeBmc
+) -> None:
+    f, racks = fleet
+    await racks.add(["n1", "n2"], rack="r1")
+    alloc = await f.create_allocation("job", AllocationSpec(nodes=1))
+    (held,) = alloc.nodes
+    bmc.power[held] = "off"  # someone pulled the plug behind Kiln's back
+    assert await f.power_sync.run_once() == [held]
+    assert await f.power_sync.run_once() == [held]  # still off: no second event
+    drift = [e for e in await f.events.since(0) if e.kind == "node.drift"]
+    assert len(drift) == 1 and drift[0].data == {"expected": "on", "actual": "off"}
+    notices = [e for e in await f.events.since(0) if e.kind == "allocation.notice"]
+    assert [e.allocation for e in notices] == [alloc.id]
+    assert (await f.get_node(held)).power == PowerState.OFF
+
+    other = next(n for n in ("n1", "n2") if n != held)
+    bmc.unreachable.add(other)
+    before = (await f.get_node(other)).power
+    await f.power_sync.run_once()
+    node = await f.get_node(other)
+    assert node.bmc_health == "unreachable" and node.power == before
+
+
+async def test_a_drift_report_is_stored_typed_and_wakes_event_watchers(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    f, racks = fleet
+    await racks.add(["n1"], rack="r1")
+    last = (await f.events.since(0))[-1].seq
+    watcher = f.watch_events(last)
+    next_event = asyncio.ensure_future(anext(watcher))
+    await asyncio.sleep(0)
+    report = HealthReport(
+        sampled_at=1.0,
+        gpus=(GpuHealth(index=0, temp_c=41.5, xids=(79,)),),
+        drift=("gpu 0: persistence mode",),
+    )
+    await f.agent_health("n1", report)
+    event = await asyncio.wait_for(next_event, 0.5)  # woken by the commit, not the 1 s poll
+    assert event.kind == "node.gpu_drift" and event.data["drift"] == ["gpu 0: persistence mode"]
+    stored = (await f.get_node("n1")).health
+    assert stored == report
+    await watcher.aclose()
+
+
+async def test_a_report_from_an_agent_of_an_unknown_node_is_ignored(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    f, _ = fleet
+    await f.agent_health("ghost", HealthReport(gpus=(GpuHealth(index=0),)))
+    assert await f.list_nodes() == []
+    with pytest.raises(NotFound):
+        await f.agent_connected("ghost", [], "")
+    assert not f.agents.is_connected("ghost")
