@@ -22,12 +22,12 @@ import grpc
 import pynvml
 
 from agent.gpu_inventory import NodeInventory, read_inventory
-from agent.gpu_profile import GpuProfile, ProfileError
 from agent.health import HealthSampler, NodeHealth
 from agent.metrics import AgentMetrics
 from agent.nvml.backend import NvmlBackend
 from agent.prepare import ApplyResult, apply_profile, check_drift, reset_to_defaults
 from kiln.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+from kiln_common.gpu_profile import GpuProfile, ProfileError
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class Agent:
         backoff: tuple[float, float] = (0.5, 30.0),
         channel_credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
-        """``channel_credentials``: dial over TLS with these (``agent.tls``);
+        """``channel_credentials``: dial over TLS with these (``kiln_common.tls``);
         None dials plaintext. Each agent carries its own, so a simulated fleet
         can give every node its own certificate."""
         # "HOST:PORT" or several, comma-separated (an active controller and its

@@ -13,7 +13,7 @@ from pathlib import Path
 from agent.client import Agent
 from agent.metrics import AgentMetrics
 from agent.nvml import open_backend
-from agent.tls import channel_credentials
+from kiln_common.tls import channel_credentials
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Bring a node's GPUs to a :class:`~agent.gpu_profile.GpuProfile`, and check drift.
+"""Bring a node's GPUs to a :class:`~kiln_common.gpu_profile.GpuProfile`, and check drift.
 
 Reads like a checklist, per GPU: persistence mode, power limit, clock locks,
 MIG mode, MIG layout. Each step reads the current state first and changes only
@@ -25,10 +25,10 @@ from typing import Any
 
 import pynvml
 
-from agent.gpu_profile import GpuProfile, MigEntry
 from agent.nvml.backend import NvmlBackend
 from agent.nvml.mig import device_mig_profiles
 from agent.nvml.mig_layout import LayoutError, apply_layout, current_layout, precheck_layout
+from kiln_common.gpu_profile import GpuProfile, MigEntry
 
 __all__ = ["DEFAULTS_PROFILE", "ApplyResult", "apply_profile", "check_drift", "reset_to_defaults"]
 

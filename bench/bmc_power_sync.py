@@ -1,7 +1,9 @@
 """Benchmark: power-state sync of N Redfish BMCs with added latency.
 
-What is measured: Kiln's real code path -- ``BmcPool`` + ``PowerSync.run_once``
-(sushy in a bounded thread pool, one guarded call per BMC) -- against
+What is measured: Kiln's production path -- ``PoolGateway.poll_power`` over a
+``BmcPool``, the call the core's power sync (``controller/core/power_sync.py``)
+makes each interval (sushy in a bounded thread pool, one guarded call per BMC,
+bounded async concurrency) -- against
 
 * ``--mode responder`` (default): a latency-only loopback Redfish responder, a
   separate process that answers the service root and ``Systems/<id>`` after
@@ -41,14 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from controller.bmc import (
     BmcCredentials,
     BmcPool,
-    PowerState,
-    PowerSync,
     RetryPolicy,
     TlsOptions,
     parse_bmc_url,
 )
+from controller.bmc.gateway import PoolGateway
 from controller.bmc.redfish import RedfishDriver
 from controller.core.errors import KilnError
+from controller.core.model import BmcTarget
 from controller.sim.ports import free_port
 
 CREDS = BmcCredentials("bench", "bench-password")
@@ -137,27 +139,29 @@ async def kiln_sync(urls: list[str], concurrency: int, call_timeout: float) -> l
         call_timeout=call_timeout,
         retry=RetryPolicy(attempts=2, base_delay=0.2),
     )
-    fleet = [
-        (f"n{i}", pool.get(f"n{i}", parse_bmc_url(u), CREDS), None) for i, u in enumerate(urls)
-    ]
-    sync = PowerSync(lambda: fleet, concurrency=concurrency)
+    gateway = PoolGateway(pool)
+    targets = [BmcTarget(f"n{i}", u, CREDS.username, CREDS.password) for i, u in enumerate(urls)]
     walls: list[float] = []
     try:
         for label in ("cold", "warm"):
             cpu0, t0 = time.process_time(), time.monotonic()
-            report = await sync.run_once()
+            polled = await gateway.poll_power(targets, concurrency)
             wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
             walls.append(wall)
-            on = sum(1 for s in report.states.values() if s is PowerState.ON)
+            failed = [node for node, (state, _health) in polled.items() if state is None]
+            on = sum(1 for state, _health in polled.values() if state == "on")
             print(
                 f"  kiln {label}: {len(urls)} BMCs in {wall:.1f}s, cpu {cpu:.1f}s, "
-                f"{len(report.failed)} failed, {on} on"
+                f"{len(failed)} failed, {on} on"
             )
-            if report.failed:
-                print(f"    e.g. {next(iter(report.failed.values()))}")
+            if failed:
+                # The handle is cached (no I/O); its health carries the last error.
+                t = next(t for t in targets if t.node == failed[0])
+                health = pool.get(t.node, parse_bmc_url(t.url), CREDS).health
+                print(f"    e.g. {t.node}: {health.state}, {health.last_error}")
             walls.append(cpu)
     finally:
-        await pool.close()
+        await gateway.close()
     return walls  # cold wall, cold cpu, warm wall, warm cpu
 
 

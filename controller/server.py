@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from controller.api.agent_service import AgentService
 from controller.api.fleet_service import FleetService
+from controller.bmc.gateway import PoolGateway
 from controller.bmc.pool import BmcPool
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
@@ -28,7 +29,6 @@ from controller.core.ports import BmcGateway
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.events.publisher import MqttPublisher
-from controller.gateway import PoolGateway
 from controller.placement import QueueConfig
 from controller.policies import RuleSet, load_rules_file
 from controller.store.active_lock import ActiveLock

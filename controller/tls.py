@@ -6,8 +6,8 @@
 present a certificate signed by it (mutual TLS). All problems are
 ``TlsConfigError``, one line naming the file and never its contents.
 
-Clients (the CLI, agents) use ``channel_credentials``, which lives in
-``agent.tls`` so the agent package stands alone; it is re-exported here.
+Clients (the CLI, agents) use ``channel_credentials`` from ``kiln_common.tls``,
+which also reads the PEM files for this module.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
-from agent.tls import TlsFileError, channel_credentials, read_pem
 from controller.core.errors import InvalidArgument
+from kiln_common.tls import TlsFileError, read_pem
 
-__all__ = ["TlsConfigError", "TlsFileError", "channel_credentials", "server_credentials"]
+__all__ = ["TlsConfigError", "server_credentials"]
 
 
 class TlsConfigError(InvalidArgument):

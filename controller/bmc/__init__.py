@@ -7,7 +7,6 @@ from controller.bmc.fleet import BulkProgress, BulkResult, NodeOutcome, run_bulk
 from controller.bmc.handle import Bmc
 from controller.bmc.pool import BmcPool
 from controller.bmc.resilience import RetryPolicy
-from controller.bmc.sync import PowerSync, SyncReport
 from controller.bmc.types import (
     BmcHealth,
     BootDevice,
@@ -42,11 +41,9 @@ __all__ = [
     "NodeOutcome",
     "PowerAction",
     "PowerState",
-    "PowerSync",
     "RetryPolicy",
     "SensorReading",
     "SensorReadings",
-    "SyncReport",
     "TlsOptions",
     "VirtualMediaState",
     "parse_bmc_url",

@@ -1,8 +1,9 @@
 """BMC addresses, credentials and TLS options.
 
 A node's BMC is data: one URL naming the protocol, host, port and (for
-Redfish) the system resource, plus credentials stored separately. Accepted
-forms:
+Redfish) the system resource, plus credentials stored separately. Which
+schemes exist, and what each means, is the table in
+``controller/bmc/registry.py``; today it accepts:
 
 * ``redfish://HOST[:PORT]/redfish/v1/Systems/ID`` -- Redfish over HTTPS (443)
 * ``redfish+http://HOST[:PORT]/redfish/v1/Systems/ID`` -- Redfish over HTTP (80)
@@ -17,31 +18,22 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Literal
 from urllib.parse import urlsplit
 
+from controller.bmc import registry
 from controller.core.errors import InvalidArgument
 
-Protocol = Literal["redfish", "ipmi"]
-
-# scheme -> (protocol, transport scheme, default port)
-_SCHEMES: dict[str, tuple[Protocol, str, int]] = {
-    "redfish": ("redfish", "https", 443),
-    "redfish+https": ("redfish", "https", 443),
-    "redfish+http": ("redfish", "http", 80),
-    "ipmi": ("ipmi", "udp", 623),
-}
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
-_SYSTEM_PATH = re.compile(r"^/redfish/v1/Systems/[^/?#\s]+$")
 
 
 @dataclass(frozen=True)
 class BmcAddress:
-    """Where a BMC answers. ``system_path`` is empty for IPMI."""
+    """Where a BMC answers. ``protocol`` and ``scheme`` (the transport: https,
+    http, udp) are those of a registry entry; ``system_path`` is empty for IPMI."""
 
-    protocol: Protocol
+    protocol: str
     scheme: str
     host: str
     port: int
@@ -51,10 +43,7 @@ class BmcAddress:
     def url(self) -> str:
         """The canonical Kiln BMC URL (default ports are spelled out)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        if self.protocol == "ipmi":
-            return f"ipmi://{host}:{self.port}"
-        prefix = "redfish" if self.scheme == "https" else "redfish+http"
-        return f"{prefix}://{host}:{self.port}{self.system_path}"
+        return f"{registry.entry_for(self).scheme}://{host}:{self.port}{self.system_path}"
 
     @property
     def base_url(self) -> str:
@@ -113,21 +102,18 @@ def parse_bmc_url(url: str) -> BmcAddress:
     """Parse a Kiln BMC URL into a :class:`BmcAddress`.
 
     Raises:
-        InvalidArgument: the URL is malformed, uses an unknown scheme, embeds
-            credentials, or lacks (Redfish) / has (IPMI) a system path. The
-            message never repeats user information found in the URL.
+        InvalidArgument: the URL is malformed, uses a scheme the registry
+            lacks, embeds credentials, or has a path its protocol rejects
+            (Redfish needs a system path, IPMI takes none). The message never
+            repeats user information found in the URL.
     """
     if not isinstance(url, str) or not url.strip():
         raise InvalidArgument("BMC URL is empty")
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise InvalidArgument("BMC URL must start with redfish://, redfish+http:// or ipmi://")
-    scheme = scheme.lower()
-    if scheme not in _SCHEMES:
-        raise InvalidArgument(
-            f"BMC URL scheme {scheme!r} is not one of {', '.join(sorted(_SCHEMES))}"
-        )
+        raise InvalidArgument(f"BMC URL must start with {_scheme_choices()}")
+    entry = registry.lookup(scheme)
     authority = rest.split("/", 1)[0]
     if "@" in authority:
         # Say what is wrong without echoing the secret.
@@ -135,7 +121,6 @@ def parse_bmc_url(url: str) -> BmcAddress:
             "BMC URL must not embed credentials (user:password@); "
             "pass them as BMC credentials instead"
         )
-    protocol, transport, default_port = _SCHEMES[scheme]
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -146,18 +131,16 @@ def parse_bmc_url(url: str) -> BmcAddress:
         raise InvalidArgument("BMC URL has no host")
     _check_host(host)
     if port is None:
-        port = default_port
+        port = entry.default_port
     if not 0 < port < 65536:
         raise InvalidArgument(f"BMC URL port {port} is out of range")
     if parts.query or parts.fragment:
         raise InvalidArgument("BMC URL must not have a query or fragment")
-    path = parts.path.rstrip("/")
-    if protocol == "ipmi":
-        if path:
-            raise InvalidArgument(f"IPMI BMC URL must not have a path (got {path!r})")
-        return BmcAddress("ipmi", transport, host, port, "")
-    if not _SYSTEM_PATH.match(path):
-        raise InvalidArgument(
-            f"Redfish BMC URL path must be /redfish/v1/Systems/<id> (got {path or '/'!r})"
-        )
-    return BmcAddress("redfish", transport, host, port, path)
+    system_path = entry.check_path(parts.path.rstrip("/"))
+    return BmcAddress(entry.protocol, entry.transport, host, port, system_path)
+
+
+def _scheme_choices() -> str:
+    """ "redfish://, redfish+http:// or ipmi://": the canonical spellings."""
+    names = [f"{entry.scheme}://" for entry in registry.entries()]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

@@ -17,12 +17,11 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyghmi import exceptions as pyghmi_exc
 from pyghmi.ipmi import command as ipmi_command
 
-from controller.bmc.address import BmcAddress, BmcCredentials
 from controller.bmc.types import (
     BootDevice,
     BootMode,
@@ -41,10 +40,17 @@ from controller.core.errors import (
     BmcAuthenticationFailed,
     BmcError,
     BmcUnreachable,
+    InvalidArgument,
     NotSupported,
 )
 
+if TYPE_CHECKING:
+    # The registry imports this module and address.py imports the registry.
+    from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
+
 LOG = logging.getLogger(__name__)
+# IPMI 2.0 (RMCP+) carries a password of at most 20 bytes.
+MAX_PASSWORD_BYTES = 20
 
 # --- translation tables -----------------------------------------------------
 POWER_STATES: dict[str, PowerState] = {"on": PowerState.ON, "off": PowerState.OFF}
@@ -268,3 +274,38 @@ def _sel_entry(raw: Mapping[str, Any]) -> LogEntry:
         created=created,
         extra={k: str(v) for k, v in raw.items() if k in ("component_type", "event_id")},
     )
+
+
+# --- registry hooks (controller/bmc/registry.py) ------------------------------
+def check_path(path: str) -> str:
+    """An IPMI BMC URL is a host and port only.
+
+    Raises:
+        InvalidArgument: the URL has a path.
+    """
+    if path:
+        raise InvalidArgument(f"IPMI BMC URL must not have a path (got {path!r})")
+    return ""
+
+
+def validate_credentials(username: str, password: str) -> None:
+    """Reject a password IPMI 2.0 cannot carry (no I/O).
+
+    Raises:
+        InvalidArgument: the password is longer than 20 bytes (UTF-8).
+    """
+    if len(password.encode()) > MAX_PASSWORD_BYTES:
+        raise InvalidArgument("IPMI 2.0 passwords are at most 20 bytes; this one is longer")
+
+
+def make_driver(
+    address: BmcAddress,
+    credentials: BmcCredentials,
+    tls: TlsOptions,
+    *,
+    request_timeout: float,
+    node: str,
+) -> IpmiDriver:
+    """The registry's factory. IPMI has no TLS, and pyghmi keeps its own
+    per-request timeouts (the pool's guard bounds each call)."""
+    return IpmiDriver(address, credentials, node=node)

@@ -14,10 +14,9 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from controller.bmc import registry
 from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
 from controller.bmc.handle import Bmc, Driver
-from controller.bmc.ipmi import IpmiDriver
-from controller.bmc.redfish import RedfishDriver
 from controller.bmc.resilience import BmcGuard, CircuitBreaker, Clock, RetryPolicy, SystemClock
 
 LOG = logging.getLogger(__name__)
@@ -72,7 +71,11 @@ class BmcPool:
         credentials: BmcCredentials,
         tls: TlsOptions | None = None,
     ) -> Bmc:
-        """Return the cached handle for ``node_name`` at ``address`` (no I/O)."""
+        """Return the cached handle for ``node_name`` at ``address`` (no I/O).
+
+        The driver is made by the registry entry for the address's protocol
+        (``controller/bmc/registry.py``), once per BMC endpoint and credentials.
+        """
         if self._closed:
             raise RuntimeError("BmcPool is closed")
         tls = tls or TlsOptions()
@@ -82,7 +85,9 @@ class BmcPool:
             return handle
         driver = self._drivers.get(key)
         if driver is None:
-            driver = self._make_driver(node_name, address, credentials, tls)
+            driver = registry.entry_for(address).make_driver(
+                address, credentials, tls, request_timeout=self.call_timeout, node=node_name
+            )
             self._drivers[key] = driver
         guard = self._guards.get(key)
         if guard is None:
@@ -107,15 +112,6 @@ class BmcPool:
         self._handles[(node_name, key)] = handle
         LOG.debug("node %s: BMC handle for %s (%s)", node_name, address.url, address.protocol)
         return handle
-
-    def _make_driver(
-        self, node: str, address: BmcAddress, credentials: BmcCredentials, tls: TlsOptions
-    ) -> Driver:
-        if address.protocol == "ipmi":
-            return IpmiDriver(address, credentials, node=node)
-        return RedfishDriver(
-            address, credentials, tls, request_timeout=self.call_timeout, node=node
-        )
 
     async def close(self) -> None:
         """Close sessions and stop the worker threads. Idempotent."""

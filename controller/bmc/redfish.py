@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sushy
 from sushy import auth as sushy_auth
@@ -20,7 +21,6 @@ from sushy import connector as sushy_connector
 from sushy import exceptions as sushy_exc
 from sushy.resources.system import system as sushy_system
 
-from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
 from controller.bmc.errors import BmcServerError, BmcTlsError
 from controller.bmc.types import (
     BootDevice,
@@ -42,10 +42,16 @@ from controller.core.errors import (
     BmcError,
     BmcTimeout,
     BmcUnreachable,
+    InvalidArgument,
     NotSupported,
 )
 
+if TYPE_CHECKING:
+    # The registry imports this module and address.py imports the registry.
+    from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
+
 LOG = logging.getLogger(__name__)
+_SYSTEM_PATH = re.compile(r"^/redfish/v1/Systems/[^/?#\s]+$")
 
 # --- translation tables (wire <-> Kiln) -------------------------------------
 POWER_STATES: dict[str, PowerState] = {
@@ -498,3 +504,33 @@ def _connection_reason(text: str) -> str:
 
 def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- registry hooks (controller/bmc/registry.py) ------------------------------
+def check_path(path: str) -> str:
+    """A Redfish BMC URL names one ComputerSystem; return its path.
+
+    Raises:
+        InvalidArgument: the path is not ``/redfish/v1/Systems/<id>``.
+    """
+    if not _SYSTEM_PATH.match(path):
+        raise InvalidArgument(
+            f"Redfish BMC URL path must be /redfish/v1/Systems/<id> (got {path or '/'!r})"
+        )
+    return path
+
+
+def validate_credentials(username: str, password: str) -> None:
+    """Redfish itself limits neither; a BMC's own policy answers at login."""
+
+
+def make_driver(
+    address: BmcAddress,
+    credentials: BmcCredentials,
+    tls: TlsOptions,
+    *,
+    request_timeout: float,
+    node: str,
+) -> RedfishDriver:
+    """The registry's factory (no I/O: sushy connects on first use)."""
+    return RedfishDriver(address, credentials, tls, request_timeout=request_timeout, node=node)

@@ -6,6 +6,9 @@ FleetService stub on one channel (plaintext, or TLS when any of
 the output format, all taken from the global options. ``CliError`` is the one
 exception a handler raises for a local failure (a missing password file, a
 wait that timed out); ``main`` prints it as ``kiln: error: <message>``.
+
+grpc and the generated stubs are imported when a command dials (``connect``),
+not with this module, so that ``kiln --help`` and usage errors start fast.
 """
 
 from __future__ import annotations
@@ -16,12 +19,10 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-import grpc
-
-from controller.tls import TlsFileError, channel_credentials
-from kiln.v1 import fleet_pb2_grpc
+if TYPE_CHECKING:
+    import grpc
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ def connect(args: argparse.Namespace) -> Iterator[Session]:
     fails fast with UNAVAILABLE if nothing listens there. Raises CliError
     (exit 2) when the TLS options are incomplete or name unreadable files.
     """
+    import grpc
+
+    from kiln.v1 import fleet_pb2_grpc
+
     target: str = args.controller
     timeout = args.timeout if args.timeout and args.timeout > 0 else None
     credentials = tls_credentials(args)
@@ -103,6 +108,8 @@ def uses_tls(args: argparse.Namespace) -> bool:
 
 def tls_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
     """The channel credentials the TLS options ask for; None for plaintext."""
+    from kiln_common.tls import TlsFileError, channel_credentials  # imports grpc
+
     try:
         return channel_credentials(
             getattr(args, "tls_ca", None),
@@ -131,6 +138,13 @@ _CONNECT_FAILURES = (
 )
 
 
+def is_rpc_error(err: BaseException) -> TypeGuard[grpc.RpcError]:
+    """Whether ``err`` is a failed gRPC call."""
+    import grpc
+
+    return isinstance(err, grpc.RpcError)
+
+
 def rpc_error_message(err: grpc.RpcError, target: str, verbose: int = 0, tls: bool = False) -> str:
     """The one-line explanation of a failed call, without the ``kiln: error:`` prefix.
 
@@ -140,6 +154,8 @@ def rpc_error_message(err: grpc.RpcError, target: str, verbose: int = 0, tls: bo
     failed (REASON)``; anything the controller said reads
     ``<CODE_NAME>: <details>``.
     """
+    import grpc
+
     code = _code(err)
     details = _details(err)
     name = code.name if code is not None else "UNKNOWN"
@@ -175,6 +191,8 @@ def _is_connect_failure(details: str) -> bool:
 
 
 def _code(err: grpc.RpcError) -> grpc.StatusCode | None:
+    import grpc
+
     code = getattr(err, "code", None)
     if not callable(code):
         return None

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import grpc
-
 from controller.cli.client import connect
 from controller.cli.output import MISSING, cell, emit, emit_json_line, fmt_time
 from kiln.v1 import fleet_pb2
@@ -53,6 +51,8 @@ def event_line(event: Any) -> str:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
+    import grpc  # with the connection, not at start-up (see controller.cli.client)
+
     request = fleet_pb2.WatchEventsRequest(
         after_seq=args.after, follow=args.follow, node=args.node, allocation=args.alloc
     )

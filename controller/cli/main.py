@@ -13,29 +13,34 @@ Contract:
   an exit code. The global options (``--controller``, ``-o``, ``--timeout``,
   ``-v``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``) are accepted before the
   command and after it.
-- Plug-ins: if the module ``controller.cli.demo`` exists, its
-  ``register(subparsers)`` is called too, the same way.
+- Plug-ins (``_PLUGINS``): commands whose module is imported only when the
+  command is chosen, because ``controller.cli.demo`` starts a whole
+  controller. ``kiln --help`` lists them from their entry alone; ``kiln demo
+  …`` imports the module and calls its ``register(subparsers)``, the same
+  way. A plug-in whose module is not installed is left out. Nothing else here
+  imports server code, and grpc is imported only when a command dials, so
+  ``kiln --help`` starts fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 # grpc-core writes some failures (a refused TLS handshake, say) to stderr
 # itself; the CLI reports every failure in one line of its own. It reads
-# GRPC_VERBOSITY once, when grpc is first imported, hence before the imports
-# below; an operator's own setting wins.
+# GRPC_VERBOSITY once, when grpc is first imported (when a command dials),
+# hence here, first; an operator's own setting wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
-import grpc
 
 from controller.cli import alloc, events, nodes, racks, sim
 from controller.cli.client import (
@@ -45,6 +50,7 @@ from controller.cli.client import (
     TLS_CERT_ENV,
     TLS_KEY_ENV,
     CliError,
+    is_rpc_error,
     rpc_error_message,
     uses_tls,
 )
@@ -56,8 +62,24 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
+
+@dataclass(frozen=True)
+class Plugin:
+    """A command added by ``module``'s ``register(subparsers)``, imported only when chosen.
+
+    ``help`` is the line ``kiln --help`` shows for ``command`` without importing
+    ``module``; it must match the ``help`` the module's parser is added with.
+    """
+
+    command: str
+    module: str
+    help: str
+
+
 _MODULES: tuple[ModuleType, ...] = (nodes, racks, alloc, events, sim)
-_PLUGINS: tuple[str, ...] = ("controller.cli.demo",)
+_PLUGINS: tuple[Plugin, ...] = (
+    Plugin("demo", "controller.cli.demo", "run a simulated fleet end to end"),
+)
 
 
 def _timeout(text: str) -> float:
@@ -114,8 +136,14 @@ def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole ``kiln`` argument parser, plug-ins included."""
+def build_parser(load: Collection[str] = ()) -> argparse.ArgumentParser:
+    """The whole ``kiln`` argument parser.
+
+    Plug-in commands named in ``load`` are imported and registered in full;
+    every other plug-in gets a placeholder with its help line and no options,
+    which accepts anything (``parse_known_args`` hands it back) so that
+    ``main`` can tell which command was chosen before importing it.
+    """
     parser = argparse.ArgumentParser(
         prog=PROG, description="Operate a Kiln GPU fleet through its controller."
     )
@@ -123,23 +151,41 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _MODULES:
         module.register(subparsers)
-    for name in _PLUGINS:
-        plugin = _load_plugin(name)
-        if plugin is not None:
-            plugin.register(subparsers)
+    placeholders: set[int] = set()
+    for plugin in _PLUGINS:
+        if not _installed(plugin.module):
+            continue
+        if plugin.command in load:
+            importlib.import_module(plugin.module).register(subparsers)
+        else:
+            placeholder = subparsers.add_parser(plugin.command, help=plugin.help, add_help=False)
+            placeholders.add(id(placeholder))
     for leaf in _leaf_parsers(parser):
-        _add_global_options(leaf, suppress=True)
+        if id(leaf) not in placeholders:
+            _add_global_options(leaf, suppress=True)
     return parser
 
 
-def _load_plugin(name: str) -> Any:
-    """The plug-in module ``name``, or None when it is not installed."""
+def _installed(module: str) -> bool:
+    """Whether plug-in ``module`` exists, found without importing it."""
+    if module in sys.modules:  # already imported (find_spec refuses one without __spec__)
+        return True
     try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name == name:
-            return None
-        raise
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``, importing a plug-in only when it is the chosen command.
+
+    Exits (SystemExit) as ``parse_args`` does for ``--help`` and usage errors.
+    """
+    parser = build_parser()
+    chosen, _ = parser.parse_known_args(argv)
+    if any(plugin.command == chosen.command for plugin in _PLUGINS):
+        parser = build_parser(load={chosen.command})
+    return parser.parse_args(argv)
 
 
 def _leaf_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
@@ -160,9 +206,8 @@ def _leaf_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.Argument
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``kiln`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(argv)
     except SystemExit as e:  # --help, or a usage error argparse already printed
         return _exit_code(e)
     _configure_logging(args.verbose)
@@ -172,8 +217,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _exit_code(e)
     except CliError as e:
         return _fail(str(e), e.exit_code)
-    except grpc.RpcError as e:
-        return _fail(rpc_error_message(e, args.controller, args.verbose, uses_tls(args)))
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return EXIT_INTERRUPTED
@@ -184,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(e.strerror or str(e))
     except ValueError as e:  # a value the API's message types refuse (out of range)
         return _fail(f"invalid value: {e}")
+    except Exception as e:  # grpc.RpcError, named without importing grpc before a command dials
+        if is_rpc_error(e):
+            return _fail(rpc_error_message(e, args.controller, args.verbose, uses_tls(args)))
+        raise
 
 
 def _fail(message: str, code: int = EXIT_FAILURE) -> int:

@@ -135,7 +135,7 @@ def parse_gate(data: Any, origin: str) -> HealthGate | None:
 
 
 def validate_gpu_section(profile: Profile, origin: str) -> None:
-    from agent.gpu_profile import GpuProfile, ProfileError  # the agent's own validator
+    from kiln_common.gpu_profile import GpuProfile, ProfileError  # the validator agents apply
 
     try:
         GpuProfile.from_yaml(profile.gpu_yaml())

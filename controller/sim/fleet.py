@@ -18,11 +18,12 @@ import urllib.request
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.client import Agent
-from agent.nvml import open_backend
 from controller.sim.redfish_emulator import RedfishEmulator, SimSystem
+
+if TYPE_CHECKING:  # annotations only; agents are imported where they start
+    from agent.client import Agent
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ class SimFleet:
         """``bmc_backend="libvirt-test"`` serves BIOS and firmware update too (it
         needs libvirt-python); the default fake driver serves power, boot,
         virtual media and sensors."""
+        # Simulated GPUs are the agent's NVML fake; a local import keeps controller free of agent.
+        from agent.nvml import open_backend
+
         self.specs = list(specs)
         self.emulator = RedfishEmulator(
             [SimSystem(name=s.name, uuid=s.system_uuid, power_state="Off") for s in specs],
@@ -169,6 +173,9 @@ class SimFleet:
         if node.boots > 1:
             await asyncio.to_thread(node.nvml.reboot)
         node.history.append("on")
+        # The simulated fleet runs agents in-process; a local import keeps controller free of agent.
+        from agent.client import Agent
+
         node.agent = Agent(
             self._controller,
             node.spec.name,

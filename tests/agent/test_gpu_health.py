@@ -7,10 +7,10 @@ import threading
 
 import pynvml
 
-from agent.gpu_profile import GpuProfile
 from agent.health import HealthSampler
 from agent.nvml import FakeNvml
 from agent.prepare import apply_profile
+from kiln_common.gpu_profile import GpuProfile
 
 
 def test_healthy_node_readings(fake: FakeNvml) -> None:

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from agent.gpu_profile import GpuProfile
 from agent.nvml import FakeNvml, open_backend, part_by_key
 from agent.nvml.mig import device_mig_profiles
 from agent.nvml.mig_layout import LayoutError, apply_layout, current_layout, pack_layout
 from agent.prepare import apply_profile, check_drift, reset_to_defaults
+from kiln_common.gpu_profile import GpuProfile
 
 
 def _profile(**over: Any) -> GpuProfile:

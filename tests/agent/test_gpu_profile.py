@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.gpu_profile import GpuProfile, LockedClocks, ProfileError
+from kiln_common.gpu_profile import GpuProfile, LockedClocks, ProfileError
 
 H200_YAML = """
 version: v1

@@ -26,7 +26,6 @@ from tls_certs import CertFiles, TestCa
 from agent.client import Agent
 from agent.main import main as agent_main
 from agent.nvml import open_backend
-from agent.tls import channel_credentials
 from controller.api.peer_identity import (
     CertificateMismatch,
     CertificateNames,
@@ -38,6 +37,7 @@ from controller.main import main as controller_main
 from controller.server import ControllerConfig
 from controller.sim.ports import free_port
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
+from kiln_common.tls import channel_credentials
 
 
 @dataclass(frozen=True)

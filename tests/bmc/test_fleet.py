@@ -1,18 +1,16 @@
-"""Bulk operations and power-state sync over real emulators."""
+"""Bulk operations over real emulators (power sync's bulk read: test_gateway.py)."""
 
 from __future__ import annotations
 
 import pytest
-from bmc_peers import PASSWORD, USER, ipmitool, make_pool
+from bmc_peers import PASSWORD, USER, make_pool
 
 from controller.bmc import (
     Bmc,
     BmcCredentials,
-    BmcHealth,
     BulkProgress,
     PowerAction,
     PowerState,
-    PowerSync,
     RetryPolicy,
     parse_bmc_url,
     run_bulk,
@@ -80,47 +78,6 @@ async def test_bulk_power_on_over_ipmi_sims(credentials: BmcCredentials) -> None
     finally:
         for sim in sims:
             await sim.stop()
-
-
-async def test_power_sync_reports_drift_and_health(
-    credentials: BmcCredentials, closed_port: int
-) -> None:
-    async with RedfishEmulator(make_systems(3), username=USER, password=PASSWORD) as emu:
-        async with IpmiSim("bmc-ipmi", USER, PASSWORD, power_on=True) as sim:
-            async with make_pool(call_timeout=2.0, retry=RetryPolicy(attempts=1)) as pool:
-                fleet = [
-                    (
-                        s.name,
-                        pool.get(s.name, parse_bmc_url(emu.system_url(s.name)), credentials),
-                        PowerState.ON,
-                    )
-                    for s in emu.systems
-                ]
-                ipmi_bmc = pool.get("ipmi-node", parse_bmc_url(sim.address), credentials)
-                fleet.append(("ipmi-node", ipmi_bmc, PowerState.ON))
-                ghost = f"redfish+http://127.0.0.1:{closed_port}/redfish/v1/Systems/x"
-                fleet.append(("ghost", pool.get("ghost", parse_bmc_url(ghost), credentials), None))
-                for _, bmc, _ in fleet[:3]:
-                    await bmc.power.set(PowerAction.ON, timeout=10)
-                drift: list[tuple[str, PowerState, PowerState]] = []
-                health: dict[str, BmcHealth] = {}
-                sync = PowerSync(
-                    lambda: fleet,
-                    on_drift=lambda n, want, got: drift.append((n, want, got)),
-                    on_health=lambda n, h: health.__setitem__(n, h),
-                    concurrency=8,
-                )
-                first = await sync.run_once()
-                assert drift == []
-                assert set(first.failed) == {"ghost"}
-                assert health["ghost"].state == "degraded"
-                assert health["node-00000"].state == "ok"
-                # Powered off outside Kiln: through ipmitool, and by the simulated chassis.
-                await ipmitool(sim, USER, PASSWORD, "power", "off")
-                second = await sync.run_once()
-                assert drift == [("ipmi-node", PowerState.ON, PowerState.OFF)]
-                assert second.drifted == ["ipmi-node"]
-                assert second.states["node-00001"] is PowerState.ON
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])

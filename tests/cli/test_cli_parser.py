@@ -199,17 +199,15 @@ def test_fault_omits_flags_not_given() -> None:
     assert fault == {"kind": "xid", "code": 79}
 
 
-def test_demo_plugin_hook(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A plug-in module's register(subparsers) adds a command whose func gets the args."""
-    seen: list[Any] = []
+def fake_plugin(monkeypatch: pytest.MonkeyPatch, seen: list[Any]) -> None:
+    """A ``demo`` plug-in recording its registrations (``"register"``) and runs (args)."""
 
     def run(args: Any) -> int:
         seen.append((args.racks, args.controller))
         return 7
 
     def register(subparsers: Any) -> None:
+        seen.append("register")
         p = subparsers.add_parser("demo", help="a simulated fleet")
         p.add_argument("--racks", type=int, default=1)
         p.set_defaults(func=run)
@@ -217,11 +215,35 @@ def test_demo_plugin_hook(
     plugin = types.ModuleType("kiln_test_demo_plugin")
     plugin.register = register  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, plugin.__name__, plugin)
-    monkeypatch.setattr(cli_main, "_PLUGINS", (plugin.__name__,))
+    spec = cli_main.Plugin("demo", plugin.__name__, "a simulated fleet")
+    monkeypatch.setattr(cli_main, "_PLUGINS", (spec,))
+
+
+def test_demo_plugin_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plug-in module's register(subparsers) adds a command whose func gets the args."""
+    seen: list[Any] = []
+    fake_plugin(monkeypatch, seen)
     assert main(["demo", "--racks", "2", "--controller", "127.0.0.1:9"]) == 7
-    assert seen == [(2, "127.0.0.1:9")]
+    assert seen == ["register", (2, "127.0.0.1:9")]
+
+
+def test_plugin_registered_only_when_chosen(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[Any] = []
+    fake_plugin(monkeypatch, seen)
+    assert main(["--help"]) == 0
+    assert main(["racks", "--help"]) == 0
+    assert main(["nodes", "show"]) == 2
+    assert seen == []
+    assert "a simulated fleet" in capsys.readouterr().out
+    assert main(["demo", "--help"]) == 0
+    assert seen == ["register"]
+    assert "--racks" in capsys.readouterr().out
 
 
 def test_missing_plugin_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_main, "_PLUGINS", ("controller.cli.no_such_plugin",))
+    missing = cli_main.Plugin("nothing", "controller.cli.no_such_plugin", "not installed")
+    monkeypatch.setattr(cli_main, "_PLUGINS", (missing,))
     assert parse("racks", "list").command == "racks"
+    assert "nothing" not in build_parser().format_help()

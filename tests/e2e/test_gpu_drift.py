@@ -11,12 +11,12 @@ from pathlib import Path
 import grpc
 from fleet_waits import wait_node_state
 
-from agent.gpu_profile import GpuProfile
 from agent.prepare import check_drift
 from controller.core.profiles import ProfileCatalog
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
+from kiln_common.gpu_profile import GpuProfile
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 

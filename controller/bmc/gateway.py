@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controller.bmc import registry
 from controller.bmc.address import BmcCredentials, TlsOptions, parse_bmc_url
 from controller.bmc.base import PowerAction, PowerState
 from controller.bmc.fleet import run_bulk
@@ -20,13 +21,32 @@ STATES = {PowerState.ON: "on", PowerState.OFF: "off"}
 
 
 class PoolGateway:
+    """Implements ``controller.core.ports.BmcGateway`` over one :class:`BmcPool`."""
+
     def __init__(self, pool: BmcPool, *, power_timeout: float = 120.0) -> None:
         self._pool = pool
         self._power_timeout = power_timeout
         self._handles: dict[str, Bmc] = {}
 
     def canonical_url(self, url: str) -> str:
+        """Validate a BMC URL and return its canonical form (no I/O).
+
+        Raises:
+            InvalidArgument: the URL is malformed or of an unknown scheme.
+        """
         return parse_bmc_url(url).url
+
+    def validate_target(self, url: str, username: str, password: str) -> str:
+        """Check a BMC URL and the credentials against its protocol's rules
+        (e.g. IPMI 2.0's 20-byte passwords); return the canonical URL. No I/O.
+
+        Raises:
+            InvalidArgument: the URL is invalid, or the protocol cannot carry
+                these credentials. The message never repeats the password.
+        """
+        address = parse_bmc_url(url)
+        registry.entry_for(address).validate_credentials(username, password)
+        return address.url
 
     def _bmc(self, target: BmcTarget) -> Bmc:
         tls = TlsOptions(verify=not target.insecure, ca_bundle=target.ca_bundle or None)
