@@ -105,28 +105,20 @@ def health_pb(health: HealthReport | None) -> types_pb2.NodeHealth | None:
     return msg
 
 
+NODE_SPECIAL = frozenset({"state", "power", "gpus", "health"})
+NODE_PLAIN = tuple(
+    f.name
+    for f in dataclasses.fields(NodeInfo)
+    if f.name in fleet_pb2.Node.DESCRIPTOR.fields_by_name and f.name not in NODE_SPECIAL
+)
+
+
 def node_pb(n: NodeInfo) -> fleet_pb2.Node:
     msg = fleet_pb2.Node(
-        name=n.name,
-        rack=n.rack,
-        leaf=n.leaf,
-        spine=n.spine,
-        bmc_url=n.bmc_url,
-        bmc_username=n.bmc_username,
         state=NODE_STATE.get(n.state, 0),
-        state_reason=n.state_reason,
         power=power_pb(n.power),
-        bmc_health=n.bmc_health,
-        agent_connected=n.agent_connected,
-        agent_last_seen=n.agent_last_seen,
-        gpu_model=n.gpu_model,
-        gpu_count=n.gpu_count,
         gpus=[gpu_pb(g) for g in n.gpus],
-        nvlink_domain=n.nvlink_domain,
-        allocation=n.allocation,
-        profile=n.profile,
-        updated_at=n.updated_at,
-        schedulable=n.schedulable,
+        **{name: getattr(n, name) for name in NODE_PLAIN},
     )
     health = health_pb(n.health)
     if health is not None:

@@ -11,6 +11,7 @@ power-cycle the node through its BMC and tell the job that holds it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -34,17 +35,13 @@ log = logging.getLogger(__name__)
 WATCHED = (NodeState.READY, NodeState.ALLOCATED, NodeState.DRAINING, NodeState.PREPARING)
 
 
+READING_FIELDS = tuple(f.name for f in dataclasses.fields(GpuReading) if f.name != "dbe_volatile")
+
+
 def gpu_reading(g: GpuHealth) -> GpuReading:
+    """What the policies read of one GPU (the rest of its report they ignore)."""
     return GpuReading(
-        index=g.index,
-        temp_c=g.temp_c,
-        slowdown_c=g.slowdown_c,
-        shutdown_c=g.shutdown_c,
-        dbe_volatile=g.ecc_dbe_volatile,
-        remap_failure=g.remap_failure,
-        remap_pending=g.remap_pending,
-        xids=g.xids,
-        lost=g.lost,
+        dbe_volatile=g.ecc_dbe_volatile, **{name: getattr(g, name) for name in READING_FIELDS}
     )
 
 

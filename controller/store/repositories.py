@@ -276,17 +276,9 @@ class SqlEvents:
         self.added = 0
 
     def add(self, event: NewEvent) -> None:
-        self._session.add(
-            EventRow(
-                at=event.at,
-                kind=str(event.kind),
-                node=event.node,
-                allocation=event.allocation,
-                rule=event.rule,
-                reason=event.reason,
-                data_json=json.dumps(event.data, sort_keys=True, default=str),
-            )
-        )
+        data_json = json.dumps(event.data, sort_keys=True, default=str)
+        plain = {name: getattr(event, name) for name in _EVENT_PLAIN if name != "kind"}
+        self._session.add(EventRow(kind=str(event.kind), data_json=data_json, **plain))
         self.added += 1
 
     def since(
