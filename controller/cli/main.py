@@ -54,6 +54,7 @@ from controller.cli.client import (
     rpc_error_message,
     uses_tls,
 )
+from controller.cli.output import terminal_safe
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int = EXIT_FAILURE) -> int:
-    sys.stderr.write(f"{PROG}: error: {message}\n")
+    sys.stderr.write(f"{PROG}: error: {terminal_safe(message)}\n")
     return code
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,31 @@ MISSING = "-"
 """Shown in a table cell whose value is absent, zero-time or empty."""
 
 _CAMEL_BOUNDARY = re.compile(r"(?<!^)(?=[A-Z])")
+
+# Characters that steer a terminal rather than show: C0/C1 controls (ESC
+# starts colour, title and hyperlink sequences) and the bidirectional
+# overrides and isolates that reorder what follows them.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str, keep: str = "") -> str:
+    """``text`` with every control and bidi character shown as an escape
+    (``\\x1b``, ``\\u202e``), so what a node, BMC or job named cannot
+    move the cursor, retitle the window or reorder the line. ``keep`` lists
+    controls to leave alone (``"\\n"`` for multi-line output)."""
+    if text.isprintable() and not _BIDI.intersection(text):
+        return text
+    return "".join(
+        _escape(ch)
+        if ch not in keep and (ch in _BIDI or unicodedata.category(ch) in ("Cc", "Cf"))
+        else ch
+        for ch in text
+    )
 
 
 def enum_prefix(enum_name: str) -> str:
@@ -86,7 +112,7 @@ def cell(value: Any) -> str:
     text = str(value)
     if not text:
         return MISSING
-    return text.replace("\r", " ").replace("\n", " ")
+    return terminal_safe(text.replace("\r", " ").replace("\n", " "))
 
 
 def render_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -116,8 +142,8 @@ def message_dict(message: Message) -> dict[str, Any]:
 
 
 def emit(text: str) -> None:
-    """Write ``text`` and a newline to stdout."""
-    sys.stdout.write(text + "\n")
+    """Write ``text`` and a newline to stdout, controls and bidi escaped."""
+    sys.stdout.write(terminal_safe(text, keep="\n\t") + "\n")
 
 
 def emit_json(message: Message) -> None:

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from controller.cli.client import connect
-from controller.cli.output import emit, emit_json, emit_json_line, render_table, short_enum
+from controller.cli.output import (
+    emit,
+    emit_json,
+    emit_json_line,
+    render_table,
+    short_enum,
+    terminal_safe,
+)
 from kiln.v1 import fleet_pb2, types_pb2
 
 ACTIONS: dict[str, int] = {
@@ -153,6 +160,7 @@ class ProgressLine:
         """Show ``text``; with ``keep`` (a failure) it stays on screen after later updates."""
         if not self._enabled:
             return
+        text = terminal_safe(text)
         if self._tty:
             if not keep:  # a wrapped line cannot be rewritten with \r: fit the terminal
                 text = text[: max(20, shutil.get_terminal_size().columns - 1)]
