@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from controller.api import convert
-from controller.api.errors import status_for
+from controller.api.errors import message_for, status_for
 from controller.api.peer_identity import authorize_node, certificate_names
 from controller.core.agents import AgentSession
 from controller.core.errors import KilnError
@@ -62,7 +62,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 reg.node_name, [convert.gpu_from_pb(g) for g in reg.gpus], reg.applied_profile
             )
         except KilnError as e:
-            await context.abort(status_for(e), str(e))
+            await context.abort(status_for(e), message_for(e))
             return
         yield agent_pb2.ControllerMessage(
             registered=agent_pb2.Registered(

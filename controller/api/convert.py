@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 
+from controller.core.errors import InvalidArgument
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.model import (
     AllocationInfo,
@@ -42,6 +43,25 @@ TOPOLOGY = {
     fleet_pb2.TOPOLOGY_LEVEL_ANY: "any",
 }
 TOPOLOGY_PB = {v: k for k, v in TOPOLOGY.items() if k != fleet_pb2.TOPOLOGY_LEVEL_UNSPECIFIED}
+
+
+NODE_STATE_NAME = {v: k for k, v in NODE_STATE.items()}
+MAX_SEQ = 2**63 - 1  # events are numbered in a signed 64-bit column
+
+
+def node_state_filter(value: int) -> str:
+    """A NodeState filter off the wire: "" for none. Raises InvalidArgument
+    for a number this controller does not know (a newer client)."""
+    if value == types_pb2.NODE_STATE_UNSPECIFIED:
+        return ""
+    if value not in NODE_STATE_NAME:
+        raise InvalidArgument(f"unknown node state {value}")
+    return NODE_STATE_NAME[value]
+
+
+def sequence_number(value: int) -> int:
+    """An event sequence number off the wire (uint64), as the store can compare it."""
+    return min(value, MAX_SEQ)
 
 
 def power_pb(state: str) -> int:

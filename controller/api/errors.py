@@ -34,6 +34,16 @@ def status_for(error: errors.KilnError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+MAX_MESSAGE = 1024  # characters of an error message sent back
+
+
+def message_for(error: errors.KilnError) -> str:
+    """The error's message, cut short: a message never echoes unbounded input
+    (a 10 KB name must not come back as 10 KB of status detail)."""
+    text = str(error)
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+
+
 R = TypeVar("R")
 
 
@@ -47,7 +57,7 @@ def unary(
         try:
             return await method(self, request, context)
         except errors.KilnError as e:
-            await context.abort(status_for(e), str(e))
+            await context.abort(status_for(e), message_for(e))
         except Exception:
             log.exception("%s failed", method.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
@@ -69,7 +79,7 @@ def streaming(
             async for item in method(self, request, context):
                 yield item
         except errors.KilnError as e:
-            await context.abort(status_for(e), str(e))
+            await context.abort(status_for(e), message_for(e))
         except Exception:
             log.exception("%s failed", method.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")

@@ -54,9 +54,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def ListNodes(
         self, request: fleet_pb2.ListNodesRequest, context: Ctx
     ) -> fleet_pb2.ListNodesResponse:
-        state = ""
-        if request.state:
-            state = types_pb2.NodeState.Name(request.state).removeprefix("NODE_STATE_").lower()
+        state = convert.node_state_filter(request.state)
         nodes = await self._fleet.list_nodes(rack=request.rack, state=state)
         return fleet_pb2.ListNodesResponse(nodes=[convert.node_pb(n) for n in nodes])
 
@@ -142,7 +140,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         self, request: fleet_pb2.WatchEventsRequest, context: Ctx
     ) -> AsyncIterator[types_pb2.Event]:
         async for event in self._fleet.watch_events(
-            request.after_seq,
+            convert.sequence_number(request.after_seq),
             follow=request.follow,
             node=request.node,
             allocation=request.allocation,
