@@ -166,7 +166,8 @@ class Nodes:
 
         Raises:
             InvalidArgument: bad name, BMC URL or missing credentials.
-            AlreadyExists: a node of that name exists with another BMC.
+            AlreadyExists: a node of that name exists with another BMC, or
+                another node already has this BMC (the message names it).
         """
         url = self.validate(spec)
 
@@ -186,6 +187,13 @@ class Nodes:
                             f"baseline profile now {spec.profile or 'defaults'}",
                         )
                 return  # otherwise the same enrolment again: idempotent
+            # One node per BMC: two nodes on one BMC fight over its power.
+            holder = next(iter(tx.nodes.find_by_bmc_url(url)), None)
+            if holder is not None:
+                raise AlreadyExists(
+                    f"BMC {url} is already enrolled as node {holder.name!r}; "
+                    f"node {spec.name!r} needs its own BMC"
+                )
             now = time.time()
             node = NodeRecord(
                 name=spec.name,

@@ -36,6 +36,13 @@ class NodeRepository(Protocol):
         """The nodes booked to ``allocation``."""
         ...
 
+    def find_by_bmc_url(self, url: str) -> list[NodeRecord]:
+        """The nodes enrolled with exactly this (canonical) BMC URL, by name.
+
+        At most one, unless the store predates the check at enrolment.
+        """
+        ...
+
     def add(self, node: NodeRecord, bmc_password: str) -> None:
         """Store a new node; the password is sealed at rest."""
         ...

@@ -17,7 +17,7 @@ class NodeRow(SQLModel, table=True):
     rack: str = Field(default="", index=True)
     leaf: str = ""
     spine: str = ""
-    bmc_url: str
+    bmc_url: str = Field(index=True)  # one node per BMC: checked at enrolment
     bmc_username: str = ""
     # Stored so the controller can drive the BMC; never logged or returned.
     bmc_password: str = ""

@@ -182,6 +182,10 @@ class SqlNodes:
         stmt = select(NodeRow).where(NodeRow.allocation_id == allocation)
         return [node_record(r) for r in self._session.exec(stmt.order_by(col(NodeRow.name)))]
 
+    def find_by_bmc_url(self, url: str) -> list[NodeRecord]:
+        stmt = select(NodeRow).where(NodeRow.bmc_url == url).order_by(col(NodeRow.name))
+        return [node_record(r) for r in self._session.exec(stmt)]
+
     def add(self, node: NodeRecord, bmc_password: str) -> None:
         row = NodeRow(name=node.name, bmc_url=node.bmc_url)
         _copy_node(node, row)

@@ -27,9 +27,11 @@ class FakeBmc:
     calls: list[tuple[str, str]] = field(default_factory=list)
 
     def canonical_url(self, url: str) -> str:
+        """Like the real gateway's, one spelling per BMC: case and a trailing
+        slash do not make another BMC."""
         if not url.startswith(SCHEME):
             raise InvalidArgument(f"BMC URL {url!r} must start with {SCHEME}")
-        return url
+        return url.lower().rstrip("/")
 
     def validate_target(self, url: str, username: str, password: str) -> str:
         return self.canonical_url(url)

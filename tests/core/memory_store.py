@@ -50,6 +50,9 @@ class MemoryNodes:
     def held_by(self, allocation: str) -> list[NodeRecord]:
         return [n for n in self.find() if n.allocation_id == allocation]
 
+    def find_by_bmc_url(self, url: str) -> list[NodeRecord]:
+        return [n for n in self.find() if n.bmc_url == url]
+
     def add(self, node: NodeRecord, bmc_password: str) -> None:
         if node.name in self._s.nodes:
             raise DuplicateKey(f"node {node.name} exists")
