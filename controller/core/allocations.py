@@ -27,7 +27,7 @@ from controller.core.errors import (
 from controller.core.eventlog import record
 from controller.core.kinds import EventKind
 from controller.core.model import AllocationInfo, AllocationSpec
-from controller.core.nodes import Nodes, validate_name
+from controller.core.nodes import Nodes, held_back, validate_name
 from controller.core.ports import Store, Tx
 from controller.core.records import AllocationRecord, NodeRecord
 from controller.core.states import HOLDING, OPEN, AllocationState, NodeState
@@ -214,7 +214,7 @@ class Allocations:
     async def topology(self) -> Topology:
         """The current snapshot of the fleet's topology (for exports)."""
         nodes = await self._nodes.records()
-        return self._snapshot(node_spec(n, self._nodes.usable(n)) for n in nodes)
+        return self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in nodes)
 
     async def create(self, key: str, spec: AllocationSpec) -> AllocationInfo:
         """Queue a gang request and try to place it at once.
@@ -338,7 +338,7 @@ class Allocations:
             nodes, active, pending = await self._store.read(self._load)
             if not pending:
                 return
-            topology = self._snapshot(node_spec(n, self._nodes.usable(n)) for n in nodes)
+            topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in nodes)
             gpus = {n.name: n.gpu_count for n in nodes}
             usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
             result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
@@ -349,6 +349,14 @@ class Allocations:
                 if might_fit_once_inspected(specs[ident], nodes):  # wait, don't refuse yet
                     waiting[ident] = f"{reason} (yet: {uninspected} node(s) still being inspected)"
                     del rejected[ident]
+            held = sum(
+                1
+                for n in nodes
+                if n.state == NodeState.READY and self._nodes.usable(n) and held_back(n)
+            )
+            if held:  # say why ready-looking nodes are not taken
+                note = f" ({held} node(s) held back: BMC unreachable or powered off)"
+                waiting = {ident: reason + note for ident, reason in waiting.items()}
             await self._store.tx(lambda tx: self._apply(tx, result.admitted, waiting, rejected))
 
     @staticmethod
@@ -382,6 +390,7 @@ class Allocations:
                 and not m.allocation_id
                 and m.state == NodeState.READY
                 and not m.drained
+                and not held_back(m)
             ]
             if len(free) != len(members):
                 continue  # inventory moved under us; the next pass decides again
@@ -442,7 +451,7 @@ class Allocations:
             if holder is None:
                 return
             topology = Topology.build(
-                node_spec(n, self._nodes.usable(n) and n.name != node) for n in nodes
+                node_spec(n, self._nodes.placeable(n) and n.name != node) for n in nodes
             )
             gpus = {n.name: n.gpu_count for n in nodes}
             bookings = [to_booking(a, gpus) for a in active]
@@ -480,7 +489,12 @@ class Allocations:
             added = (set(nodes) | set(spares)) - (set(before.nodes) | set(before.spares))
             for name in added:
                 fresh = tx.nodes.get(name)
-                if fresh is None or fresh.allocation_id or fresh.state != NodeState.READY:
+                if (
+                    fresh is None
+                    or fresh.allocation_id
+                    or fresh.state != NodeState.READY
+                    or held_back(fresh)
+                ):
                     raise FailedPrecondition(f"replacement {name} is no longer free")
                 book(tx, fresh, ident, alloc.spec.profile, f"replacement in {ident}")
             replacement = [n for n in nodes if n not in before.nodes]

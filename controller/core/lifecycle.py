@@ -73,6 +73,7 @@ class Lifecycle:
         self._gate = asyncio.Semaphore(max_parallel)
         self._preparer = preparer or Preparer(bmc)
         self._busy: set[str] = set()
+        self._free: frozenset[str] = frozenset()  # schedulable at the last pass
         self._steps = BackgroundTasks()
         self._wake = asyncio.Event()
 
@@ -93,12 +94,27 @@ class Lifecycle:
                 pass
 
     async def reconcile_once(self) -> None:
-        """Start one step for every node that needs one and is not busy."""
-        for node in await self._nodes.records():
+        """Start one step for every node that needs one and is not busy.
+
+        Also tells the scheduler when a node became free for new work without
+        a step of its own (its BMC answers again, or reports it on again).
+        """
+        records = await self._nodes.records()
+        free = frozenset(n.name for n in records if self._nodes.schedulable(n))
+        if free - self._free:
+            self._steps.spawn(self._capacity_guarded())
+        self._free = free
+        for node in records:
             if node.name in self._busy or node.state in (S.READY, S.ALLOCATED):
                 continue
             self._busy.add(node.name)
             self._steps.spawn(self._step_guarded(node))
+
+    async def _capacity_guarded(self) -> None:
+        try:
+            await self._on_capacity()
+        except Exception:
+            log.exception("scheduling pass after a capacity change failed")
 
     async def settle(self) -> None:
         """Wait for the steps in flight (tests and the demo use this)."""

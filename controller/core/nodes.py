@@ -31,6 +31,7 @@ from controller.core.transitions import load_node, move
 log = logging.getLogger(__name__)
 
 POWER_ACTIONS = ("status", "on", "off", "force_off", "cycle", "restart")
+BMC_UNREACHABLE = "unreachable"  # ``BmcGateway.health``: the breaker is open
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -39,6 +40,20 @@ def validate_name(kind: str, name: str) -> None:
         raise InvalidArgument(
             f"{kind} name {name!r} is invalid: use 1-63 letters, digits, '-', '_' or '.'"
         )
+
+
+def held_back(node: NodeRecord) -> str:
+    """Why a node in service takes no new allocation ("" when nothing holds it back).
+
+    Its BMC is unreachable (Kiln could neither power-cycle it nor power it off
+    if it overheated), or the BMC says it is off (an agent that has not yet
+    noticed would otherwise keep it looking ready).
+    """
+    if node.bmc_health == BMC_UNREACHABLE:
+        return "its BMC is unreachable"
+    if node.power == PowerState.OFF:
+        return "its BMC reports it powered off"
+    return ""
 
 
 class Nodes:
@@ -57,9 +72,15 @@ class Nodes:
             and self._agents.is_connected(node.name)
         )
 
+    def placeable(self, node: NodeRecord) -> bool:
+        """Usable, and fit to be given new work (bookings aside): what the
+        placement engine sees as schedulable. A job that already holds the
+        node keeps it either way (see ``docs/placement.md``)."""
+        return self.usable(node) and not held_back(node)
+
     def schedulable(self, node: NodeRecord) -> bool:
-        """Usable and free: a new allocation may take it now."""
-        return self.usable(node) and node.state == NodeState.READY and not node.allocation_id
+        """Placeable and free: a new allocation may take it now."""
+        return self.placeable(node) and node.state == NodeState.READY and not node.allocation_id
 
     def _info(self, node: NodeRecord, gpus: Sequence[GpuInfo]) -> NodeInfo:
         return NodeInfo(
@@ -138,7 +159,10 @@ class Nodes:
                     gpu_model=",".join(sorted(models)),
                     nodes=len(members),
                     gpus=sum(n.gpu_count for n in members),
-                    ready=sum(1 for n in members if n.state == NodeState.READY),
+                    # Ready: free for a new allocation now, as ``schedulable``
+                    # says of each node (a ready node whose BMC is unreachable
+                    # or reports it off is not).
+                    ready=sum(1 for n in members if n.schedulable),
                     allocated=sum(1 for n in members if n.allocation),
                     leaf=members[0].leaf,
                     spine=members[0].spine,
