@@ -103,6 +103,8 @@ class Fleet:
         self._background = BackgroundTasks()
 
     async def start(self) -> None:
+        # Caps count what the rules took down before this controller started.
+        await self.policies.restore()
         self._loops.spawn(self.lifecycle.run(), name="kiln-lifecycle")
         self._loops.spawn(self.policies.run(), name="kiln-policies")
         self._loops.spawn(self.power_sync.run(), name="kiln-power-sync")

@@ -6,6 +6,11 @@ thermal sensors (Redfish) are sampled instead, so the thermal rules keep
 working. Every action — executed, dry-run or held back by a cap — is recorded
 as a ``policy.action`` event; executable ones drain, quarantine, power off or
 power-cycle the node through its BMC and tell the job that holds it.
+
+Those events are also what the caps remember: before the first sample is
+evaluated, the engine is given back the actions recorded within the caps'
+window, so a restarted controller, or a standby that took over, goes on
+counting what the rules already took down.
 """
 
 from __future__ import annotations
@@ -23,12 +28,20 @@ from controller.core.errors import KilnError
 from controller.core.eventlog import record
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.kinds import EventKind
+from controller.core.model import EventInfo
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
-from controller.policies import Action, ActionKind, GpuReading, HealthSample, PolicyEngine
+from controller.policies import (
+    Action,
+    ActionKind,
+    GpuReading,
+    HealthSample,
+    PastAction,
+    PolicyEngine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +56,39 @@ def gpu_reading(g: GpuHealth) -> GpuReading:
     return GpuReading(
         dbe_volatile=g.ecc_dbe_volatile, **{name: getattr(g, name) for name in READING_FIELDS}
     )
+
+
+def past_actions(tx: Tx, since_at: float) -> list[PastAction]:
+    """The policy actions recorded since ``since_at`` that the caps counted:
+    every one not held back by a cap, executed (even if it then failed) or
+    dry-run. The rack is the node's own."""
+    racks: dict[str, str] = {}
+    past: list[PastAction] = []
+    for event in tx.events.recent(EventKind.POLICY_ACTION, since_at):
+        kind = _action_kind(event)
+        if kind is None or event.data.get("suppressed"):
+            continue
+        if event.node not in racks:
+            node = tx.nodes.get(event.node)
+            racks[event.node] = node.rack if node is not None else ""
+        past.append(
+            PastAction(
+                rule=event.rule,
+                node=event.node,
+                rack=racks[event.node],
+                kind=kind,
+                at=event.at,
+                dry_run=bool(event.data.get("dry_run")),
+            )
+        )
+    return past
+
+
+def _action_kind(event: EventInfo) -> ActionKind | None:
+    try:
+        return ActionKind(event.data.get("action", ""))
+    except ValueError:
+        return None
 
 
 def sample_from_report(node: str, rack: str, at: float, health: HealthReport) -> HealthSample:
@@ -92,15 +138,46 @@ class PolicyRunner:
         self._last_bmc_sample: dict[str, float] = {}
         self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._workers = BackgroundTasks()
+        self._restored = False
+        self._restoring = asyncio.Lock()
+
+    async def restore(self) -> None:
+        """Give the engine's caps the actions recorded within their window
+        (``policy.action`` events), once; later calls return at once.
+
+        Called at start, and awaited before the first sample is evaluated in
+        any case, so a report that arrives before the start finishes cannot
+        slip past a cap. Raises what the store raises (and restores on the
+        next call).
+        """
+        if self._restored:
+            return
+        async with self._restoring:
+            if self._restored:
+                return
+            rules = self.engine.rules
+            if rules.blast_radius is None:
+                log.warning("the rule set has no blast_radius: only per-rule caps bound take-downs")
+            since = self._clock() - rules.cap_window_s
+            history = await self._store.read(partial(past_actions, since_at=since))
+            counted = self.engine.restore(history)
+            self._restored = True
+            log.info(
+                "policies: %d action(s) of the last %gs counted against the caps",
+                counted,
+                rules.cap_window_s,
+            )
 
     async def observe(self, node: str, rack: str, health: HealthReport) -> None:
         """Evaluate one agent report of ``node`` and carry out what it triggers."""
+        await self.restore()
         sample = sample_from_report(node, rack, self._clock(), health)
         self._dispatch(self.engine.observe(sample))
 
     async def run(self) -> None:
         while True:
             try:
+                await self.restore()
                 self._dispatch(self.engine.tick(self._clock()))
                 await self._sample_silent_nodes()
             except Exception:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
 from controller.core.health import HealthReport
+from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState
@@ -104,6 +105,10 @@ class EventRepository(Protocol):
     def since(
         self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
     ) -> list[EventInfo]: ...
+
+    def recent(self, kind: EventKind, since_at: float) -> list[EventInfo]:
+        """Every event of ``kind`` recorded at or after ``since_at``, oldest first."""
+        ...
 
 
 class Tx(Protocol):

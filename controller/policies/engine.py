@@ -13,7 +13,10 @@ Phases of :meth:`PolicyEngine.observe`, per rule:
    ``for_samples:`` count both reached), the episode starts: emit the rule's
    actions once, through the caps, and schedule delayed ones for :meth:`tick`.
 
-The engine is pure: no I/O, no clock; it keeps only per-instance state.
+The engine is pure: no I/O, no clock; it keeps only per-instance state. What
+it must not forget across a restart — the nodes the caps have counted — it is
+given back through :meth:`PolicyEngine.restore` (or ``history=``) from what
+the controller recorded.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from controller.policies.caps import CapLedger
+from controller.policies.caps import CapLedger, PastAction
 from controller.policies.readings import SeriesValue, series_values
 from controller.policies.rules import (
-    POWER_OFF_KINDS,
     ActionKind,
     ActionSpec,
     Metric,
@@ -88,15 +91,18 @@ class PolicyEngine:
 
     Not thread-safe; use one engine per controller event loop. Samples of a
     node older than the newest one already seen for that node are ignored.
+    ``history``: actions admitted before this engine existed; see
+    :meth:`restore`.
     """
 
-    def __init__(self, rules: RuleSet) -> None:
+    def __init__(self, rules: RuleSet, history: Iterable[PastAction] = ()) -> None:
         self._rules = rules
         self._state: dict[tuple[str, str], _RuleNodeState] = {}
         self._last_at: dict[str, float] = {}
-        self._caps = CapLedger()
+        self._caps = CapLedger(rules)
         self._queue: list[tuple[float, int, _FollowUp]] = []
         self._order = itertools.count()
+        self.restore(history)
 
     @property
     def rules(self) -> RuleSet:
@@ -134,6 +140,17 @@ class PolicyEngine:
                 self._emit(follow.rule, follow.node, follow.rack, follow.kind, follow.reason, now)
             )
         return actions
+
+    def restore(self, history: Iterable[PastAction]) -> int:
+        """Count actions admitted by an earlier engine (a controller that
+        restarted, or the active one a standby took over from) against the
+        caps, so the per-rule caps and the blast radius go on counting where
+        it stopped. Pass the actions of the last :attr:`RuleSet.cap_window_s`
+        seconds that were not suppressed, dry-run ones flagged. Streaks,
+        episodes and delayed actions are not restored: they start afresh.
+        Returns how many actions counted toward some cap.
+        """
+        return self._caps.restore(history)
 
     def forget(self, node: str) -> None:
         """Drop everything known about ``node`` (removed, or back from repair)."""
@@ -229,15 +246,9 @@ class PolicyEngine:
         self, rule: Rule, node: str, rack: str, kind: ActionKind, reason: str, at: float
     ) -> Action:
         dry_run = self._rules.dry_run or rule.dry_run
-        cap = rule.caps.for_kind(kind)
-        suppressed = None
-        if cap is not None:
-            family = "power_off" if kind in POWER_OFF_KINDS else "power_cycle"
-            suppressed = self._caps.admit(rule.name, family, cap, node, rack, at)
-            if suppressed:
-                log.warning(
-                    "node %s: %s by rule %s suppressed: %s", node, kind, rule.name, suppressed
-                )
+        suppressed = self._caps.admit(rule, kind, node, rack, at, dry_run=dry_run)
+        if suppressed:
+            log.warning("node %s: %s by rule %s suppressed: %s", node, kind, rule.name, suppressed)
         if kind is ActionKind.POWER_OFF_NOW and suppressed is None:
             self._cancel_graceful(node)
         return Action(rule.name, node, kind, reason, at, dry_run, suppressed)

@@ -23,8 +23,10 @@ from controller.policies.rules import (
     BOOL_METRICS,
     NUMERIC_METRICS,
     POWER_OFF_KINDS,
+    TAKE_DOWN_KINDS,
     ActionKind,
     ActionSpec,
+    BlastRadius,
     Cap,
     Caps,
     Condition,
@@ -36,11 +38,27 @@ from controller.policies.rules import (
 )
 
 SUPPORTED_VERSIONS = ("v1",)
-_TOP_KEYS = {"version", "rules", "caps", "dry_run", "thresholds", "max_sample_gap"}
+_TOP_KEYS = {
+    "version",
+    "rules",
+    "caps",
+    "blast_radius",
+    "dry_run",
+    "thresholds",
+    "max_sample_gap",
+}
 _RULE_KEYS = {"name", "when", "for", "for_samples", "actions", "dry_run", "thresholds", "caps"}
 _WHEN_KEYS = {"metric", "op", "value", "in"}
 _CAP_KEYS = {"per_rack", "fleet", "window"}
 _CAPS_KEYS = {"power_off", "power_cycle"}
+_BLAST_RADIUS_KEYS = _CAP_KEYS | {"counts"}
+# What a blast radius may count; power_off covers graceful and now.
+_TAKE_DOWNS = {
+    "drain": frozenset({ActionKind.DRAIN}),
+    "quarantine": frozenset({ActionKind.QUARANTINE}),
+    "power_off": POWER_OFF_KINDS,
+    "power_cycle": frozenset({ActionKind.POWER_CYCLE}),
+}
 _THRESHOLD_KEYS = {"slowdown_c", "shutdown_c"}
 _SIMPLE_ACTIONS = {
     "drain": ActionKind.DRAIN,
@@ -104,10 +122,14 @@ def parse_rules(doc: object) -> RuleSet:
             raise RuleSetError(f"rules[{i}] {rule.name!r}", "duplicate rule name")
         rules.append(rule)
     gap = _duration(top.get("max_sample_gap", "30s"), "max_sample_gap")
+    blast_radius = (
+        _blast_radius(top["blast_radius"], "blast_radius") if "blast_radius" in top else None
+    )
     return RuleSet(
         rules=tuple(rules),
         dry_run=_bool(top.get("dry_run", False), "dry_run"),
         max_sample_gap_s=gap,
+        blast_radius=blast_radius,
     )
 
 
@@ -266,6 +288,30 @@ def _caps(raw: object, base: Caps, where: str) -> Caps:
         _cap(body["power_cycle"], f"{where}.power_cycle") if "power_cycle" in body else None
     )
     return Caps(power_off=power_off or base.power_off, power_cycle=power_cycle or base.power_cycle)
+
+
+def _blast_radius(raw: object, where: str) -> BlastRadius:
+    body = _mapping(raw, where)
+    _no_unknown(body, _BLAST_RADIUS_KEYS, where)
+    cap = _cap({k: v for k, v in body.items() if k != "counts"}, where)
+    if "counts" not in body:
+        return BlastRadius(cap=cap, kinds=TAKE_DOWN_KINDS)
+    raw_counts = body["counts"]
+    where = f"{where}.counts"
+    if not isinstance(raw_counts, list) or not raw_counts:
+        raise RuleSetError(where, f"must be a non-empty list of {', '.join(_TAKE_DOWNS)}")
+    kinds: set[ActionKind] = set()
+    for item in raw_counts:
+        if not isinstance(item, str) or item not in _TAKE_DOWNS:
+            raise RuleSetError(
+                where,
+                f"{item!r} is not one of {', '.join(_TAKE_DOWNS)} (the actions that take a "
+                "node down)",
+            )
+        if _TAKE_DOWNS[item] <= kinds:
+            raise RuleSetError(where, f"lists {item} twice")
+        kinds |= _TAKE_DOWNS[item]
+    return BlastRadius(cap=cap, kinds=frozenset(kinds))
 
 
 def _cap(raw: object, where: str) -> Cap:

@@ -26,6 +26,10 @@ class ActionKind(StrEnum):
 
 #: Kinds that take a node down and are therefore subject to caps.
 POWER_OFF_KINDS = frozenset({ActionKind.POWER_OFF_GRACEFUL, ActionKind.POWER_OFF_NOW})
+#: Kinds that take a node out of service: what a rule set's blast radius may count.
+TAKE_DOWN_KINDS = frozenset(
+    {ActionKind.DRAIN, ActionKind.QUARANTINE, ActionKind.POWER_CYCLE, *POWER_OFF_KINDS}
+)
 
 
 class Metric(StrEnum):
@@ -138,6 +142,18 @@ class Caps:
 
 
 @dataclass(frozen=True, slots=True)
+class BlastRadius:
+    """What all rules *together* may take out of service: at most
+    ``cap.per_rack`` distinct nodes per rack and ``cap.fleet`` in all within
+    any sliding ``cap.window_s``, counted over every rule's actions of
+    ``kinds``. It bounds the rule set as a whole, on top of each rule's own
+    :class:`Caps`."""
+
+    cap: Cap = DEFAULT_CAP
+    kinds: frozenset[ActionKind] = TAKE_DOWN_KINDS
+
+
+@dataclass(frozen=True, slots=True)
 class ActionSpec:
     """One entry of a rule's ``actions``.
 
@@ -177,8 +193,19 @@ class RuleSet:
 
     ``max_sample_gap_s``: if two samples of a node are further apart than this,
     every ``for:``/``for_samples:`` streak on that node restarts.
+    ``blast_radius``: the budget shared by all rules (None: only per-rule caps).
     """
 
     rules: tuple[Rule, ...]
     dry_run: bool = False
     max_sample_gap_s: float = 30.0
+    blast_radius: BlastRadius | None = None
+
+    @property
+    def cap_window_s(self) -> float:
+        """The longest window any cap looks back over: how much history a
+        restarted engine needs (:meth:`PolicyEngine.restore`)."""
+        windows = [c.window_s for r in self.rules for c in (r.caps.power_off, r.caps.power_cycle)]
+        if self.blast_radius is not None:
+            windows.append(self.blast_radius.cap.window_s)
+        return max(windows, default=0.0)

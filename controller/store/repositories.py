@@ -18,6 +18,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select, update
 
 from controller.core.health import GpuHealth, HealthReport
+from controller.core.kinds import EventKind
 from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState, PowerState
@@ -294,6 +295,14 @@ class SqlEvents:
         if allocation:
             stmt = stmt.where(EventRow.allocation == allocation)
         stmt = stmt.order_by(col(EventRow.seq)).limit(limit)
+        return [event_info(r) for r in self._session.exec(stmt)]
+
+    def recent(self, kind: EventKind, since_at: float) -> list[EventInfo]:
+        stmt = (
+            select(EventRow)
+            .where(EventRow.kind == str(kind), col(EventRow.at) >= since_at)
+            .order_by(col(EventRow.seq))
+        )
         return [event_info(r) for r in self._session.exec(stmt)]
 
     def unpublished(self, limit: int) -> list[EventRow]:

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from controller.core.errors import DuplicateKey
 from controller.core.health import HealthReport
+from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState
@@ -154,6 +155,9 @@ class MemoryEvents:
             and (not allocation or e.allocation == allocation)
         ]
         return [replace(e) for e in found[:limit]]
+
+    def recent(self, kind: EventKind, since_at: float) -> list[EventInfo]:
+        return [replace(e) for e in self._s.events if e.kind == kind and e.at >= since_at]
 
 
 class MemoryTx:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from policy_builders import agent, engine_for, feed, gpu, hot, kinds
 
@@ -101,15 +103,27 @@ def test_rule_level_cap_overrides_default() -> None:
     assert not [a for a in actions if a.kind is ActionKind.POWER_OFF_NOW and a.executable]
 
 
-def test_power_cycle_is_capped_too() -> None:
-    engine = PolicyEngine(load_default_rules())
+@pytest.mark.parametrize(
+    ("blast_radius", "quarantined"),
+    [
+        # The default rules' blast radius counts quarantines too: two per rack.
+        pytest.param(True, [True, True, False, False, False], id="default-rules"),
+        # Per-rule caps alone never cap a quarantine.
+        pytest.param(False, [True] * 5, id="per-rule-caps-only"),
+    ],
+)
+def test_power_cycle_is_capped_too(blast_radius: bool, quarantined: list[bool]) -> None:
+    rules = load_default_rules()
+    if not blast_radius:
+        rules = dataclasses.replace(rules, blast_radius=None)
+    engine = PolicyEngine(rules)
     actions = []
     for n in range(5):
         actions += engine.observe(agent(f"n{n}", 0, gpu(0, xids=(79,))))
     cycles = [a for a in actions if a.kind is ActionKind.POWER_CYCLE]
     assert [a.executable for a in cycles] == [True, True, False, False, False]
     quarantines = [a for a in actions if a.kind is ActionKind.QUARANTINE]
-    assert len(quarantines) == 5 and all(a.executable for a in quarantines)
+    assert [a.executable for a in quarantines] == quarantined
 
 
 @pytest.mark.parametrize(
