@@ -6,7 +6,11 @@ Each pass looks at every node and takes the one next step its state calls for:
     inspecting → preparing    once the BMC answered, the node is powered on and
                               its agent has registered its GPUs
     preparing  → ready        once the agent applied the node's GPU profile (or
-                              reset the GPUs to defaults); a failure quarantines
+                              reset the GPUs to defaults); a failure that cannot
+                              pass (NotSupported, PreparationFailed) quarantines
+                              at once, any other is retried with exponential
+                              backoff per node and quarantines after
+                              ``RetryPolicy.max_attempts`` attempts
     releasing  → ready        once the agent reset the GPUs; preparing when the
                               GPUs' state is unknown (no agent); a reset the
                               agent could not finish quarantines, with its reasons
@@ -23,10 +27,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from controller.core.agents import AgentHub
 from controller.core.allocations import mark_ready_if_prepared
-from controller.core.errors import KilnError
+from controller.core.errors import InvalidArgument, KilnError, NotFound, NotSupported
 from controller.core.model import AgentCommand
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
@@ -44,6 +49,32 @@ S = NodeState
 # Drains that end a node's service: its job gets a replacement at once.
 FAILED = frozenset({NodeState.QUARANTINED, NodeState.POWERED_OFF})
 
+# Preparation failures that no retry can mend: the node is quarantined at once.
+# Anything else (an unreachable BMC, an agent that did not answer) is retried.
+PERMANENT = (NotSupported, PreparationFailed, InvalidArgument, NotFound)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a node's failing preparation is retried: the n-th failed attempt
+    waits ``first_delay_s * 2**(n-1)`` seconds (at most ``max_delay_s``) before
+    the next; after ``max_attempts`` failed attempts the node is quarantined."""
+
+    first_delay_s: float = 1.0
+    max_delay_s: float = 120.0
+    max_attempts: int = 10  # about 6 minutes of retries with the defaults
+
+    def delay(self, failures: int) -> float:
+        return min(self.max_delay_s, self.first_delay_s * 2 ** max(0, failures - 1))
+
+
+@dataclass
+class _Backoff:
+    """One node's failed preparation attempts so far (in memory only)."""
+
+    failures: int = 0
+    retry_at: float = 0.0  # on the lifecycle's clock
+
 
 class Lifecycle:
     def __init__(
@@ -60,6 +91,8 @@ class Lifecycle:
         command_timeout: float = 120.0,
         max_parallel: int = 64,
         preparer: Preparer | None = None,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._nodes = nodes
@@ -74,6 +107,11 @@ class Lifecycle:
         self._preparer = preparer or Preparer(bmc)
         self._busy: set[str] = set()
         self._free: frozenset[str] = frozenset()  # schedulable at the last pass
+        # Per node, while its preparation fails; gone once it leaves preparing.
+        # Public so that tests and the wiring may tune them.
+        self.retry = retry or RetryPolicy()
+        self.clock = clock
+        self._backoff: dict[str, _Backoff] = {}
         self._steps = BackgroundTasks()
         self._wake = asyncio.Event()
 
@@ -104,9 +142,16 @@ class Lifecycle:
         if free - self._free:
             self._steps.spawn(self._capacity_guarded())
         self._free = free
+        preparing = {n.name for n in records if n.state == S.PREPARING}
+        for name in self._backoff.keys() - preparing:  # left preparing: a fresh start next time
+            del self._backoff[name]
+        now = self.clock()
         for node in records:
             if node.name in self._busy or node.state in (S.READY, S.ALLOCATED):
                 continue
+            backoff = self._backoff.get(node.name)
+            if node.state == S.PREPARING and backoff is not None and now < backoff.retry_at:
+                continue  # backing off after a failed attempt
             self._busy.add(node.name)
             self._steps.spawn(self._step_guarded(node))
 
@@ -174,39 +219,75 @@ class Lifecycle:
         return await self._prepare(await self._row(row.name))
 
     async def _prepare(self, row: NodeRecord) -> bool:
+        """One preparation attempt. Never raises: a failure is counted (see
+        ``_preparation_failed``) and the next attempt waits its backoff."""
         if not self._agents.is_connected(row.name):
             await self._note(row.name, "waiting for the node's agent to prepare the GPUs")
             return False
         profile_name = row.wanted_profile
-        async with self._preparer.preparing.slot(row.rack or row.name):
-            return await self._prepare_to(row, profile_name)
+        try:
+            async with self._preparer.preparing.slot(row.rack or row.name):
+                became_ready = await self._prepare_to(row, profile_name)
+        except Exception as e:  # every failure is an attempt, even a bug's
+            await self._preparation_failed(row.name, profile_name, e)
+            return False
+        self._backoff.pop(row.name, None)
+        return became_ready
+
+    async def _preparation_failed(self, name: str, profile_name: str, error: Exception) -> None:
+        """Quarantine the node when ``error`` is permanent or its attempts are
+        used up; otherwise note the failure and back off. One warning per
+        attempt. A node no longer preparing (drained meanwhile) is left alone."""
+        backoff = self._backoff.setdefault(name, _Backoff())
+        backoff.failures += 1
+        n, most = backoff.failures, self.retry.max_attempts
+        what = f"cannot reach profile {profile_name or 'defaults'}: {error}"
+        if isinstance(error, PERMANENT) or n >= most:
+            del self._backoff[name]
+            reason = what if isinstance(error, PERMANENT) else f"{what} (after {n} attempts)"
+            held_by = await self._quarantine(name, reason, only_from=S.PREPARING)
+            if held_by:
+                await self._on_node_failed(name, f"preparation failed: {error}")
+            return
+        delay = self.retry.delay(n)
+        backoff.retry_at = self.clock() + delay
+        log.warning(
+            "node %s: preparation attempt %d of %d failed, next in %.0fs: %s",
+            name,
+            n,
+            most,
+            delay,
+            error,
+            exc_info=not isinstance(error, KilnError),
+        )
+        await self._note(
+            name, f"preparation attempt {n} of {most} failed, next in {delay:.0f}s: {error}"
+        )
 
     async def _prepare_to(self, row: NodeRecord, profile_name: str) -> bool:
+        """Prepare the node to ``profile_name``; True when it just became ready.
+
+        Raises:
+            PreparationFailed, NotSupported: the profile cannot be reached.
+            BmcError, Unavailable and kin: the BMC or the agent failed.
+        """
         profile = self._profiles.get(profile_name) if profile_name else None
         changed: list[str] = []
-        try:
-            if profile is not None and (profile.firmware or profile.bios):
-                changed = await self._preparer.bmc_steps(
-                    await self._nodes.target(row), row.rack or row.name, profile
-                )
-            if profile is not None:
-                command = AgentCommand("apply_profile", profile.gpu_yaml())
-            else:
-                command = AgentCommand("reset_gpus")
-            started = time.time()
-            outcome = await self._agents.call(row.name, command, self._command_timeout)
-            if not outcome.ok:
-                reason = "; ".join(outcome.failures) or outcome.message or "preparation failed"
-                raise PreparationFailed(reason)
-            if profile is not None and profile.health_gate is not None:
-                await self._health_gate(row.name, profile.health_gate, started)
-        except PreparationFailed as e:
-            await self._quarantine(
-                row.name, f"cannot reach profile {profile_name or 'defaults'}: {e}"
+        if profile is not None and (profile.firmware or profile.bios):
+            changed = await self._preparer.bmc_steps(
+                await self._nodes.target(row), row.rack or row.name, profile
             )
-            if row.allocation_id:
-                await self._on_node_failed(row.name, f"preparation failed: {e}")
-            return False
+        if profile is not None:
+            command = AgentCommand("apply_profile", profile.gpu_yaml())
+        else:
+            command = AgentCommand("reset_gpus")
+        started = time.time()
+        outcome = await self._agents.call(row.name, command, self._command_timeout)
+        if not outcome.ok:
+            reason = "; ".join(outcome.failures) or outcome.message or "preparation failed"
+            raise PreparationFailed(reason)
+        if profile is not None and profile.health_gate is not None:
+            await self._health_gate(row.name, profile.health_gate, started)
         changed += outcome.changed
 
         def write(tx: Tx) -> bool:
@@ -296,17 +377,27 @@ class Lifecycle:
             return False
         return outcome.ok
 
-    async def _quarantine(self, name: str, reason: str) -> None:
-        def write(tx: Tx) -> None:
+    async def _quarantine(
+        self, name: str, reason: str, *, only_from: NodeState | None = None
+    ) -> str | None:
+        """Drain the node to quarantine; returns the allocation that still
+        holds it ("" for none), or None when it was no longer ``only_from``."""
+
+        def write(tx: Tx) -> str | None:
             node = load_node(tx, name)
+            if only_from is not None and node.state != only_from:
+                return None
             node.drain_target = S.QUARANTINED
             tx.nodes.save(node)
             move(tx, node, S.DRAINING, reason)
             if not node.allocation_id:
                 move(tx, node, S.QUARANTINED, reason)
+            return node.allocation_id
 
-        await self._store.tx(write)
-        log.warning("node %s: quarantined: %s", name, reason)
+        held_by = await self._store.tx(write)
+        if held_by is not None:
+            log.warning("node %s: quarantined: %s", name, reason)
+        return held_by
 
     async def _row(self, name: str) -> NodeRecord:
         return await self._nodes.record(name)

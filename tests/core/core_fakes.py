@@ -1,8 +1,8 @@
 """Small fakes of the core's own ports, for tests of the core's rules alone.
 
 ``FakeBmc`` is a BMC gateway whose machines power on and off at once and
-can be told to lose a power change or to fail; ``answer_commands`` plays a
-node's agent on its ``AgentHub`` session. The real BMC drivers and agents are
+can be told to be unreachable or to fail reading firmware; ``answering``
+plays a node's agent on its ``AgentHub`` session. The real BMC drivers and agents are
 tested against real peers elsewhere (tests/bmc, tests/e2e).
 """
 
@@ -25,6 +25,8 @@ class FakeBmc:
     power: dict[str, str] = field(default_factory=dict)  # node → "on" / "off"
     unreachable: set[str] = field(default_factory=set)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    firmware: dict[str, str] = field(default_factory=dict)  # every BMC's inventory
+    firmware_errors: dict[str, Exception] = field(default_factory=dict)  # node → raised
 
     def canonical_url(self, url: str) -> str:
         """Like the real gateway's, one spelling per BMC: case and a trailing
@@ -58,7 +60,11 @@ class FakeBmc:
         return [40.0]
 
     async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
-        return {}
+        self._check(target, "firmware")
+        error = self.firmware_errors.get(target.node)
+        if error is not None:
+            raise error
+        return dict(self.firmware)
 
     async def firmware_update(self, target: BmcTarget, image_url: str, component: str) -> None:
         return None
