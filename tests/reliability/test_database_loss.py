@@ -107,14 +107,16 @@ def test_the_active_controller_stands_down_with_one_line(
 
 def test_a_standby_stands_down_with_one_line(postgres: Postgres, tmp_path: Path) -> None:
     active = controller_on(postgres, tmp_path)
-    standby = controller_on(postgres, tmp_path)
     try:
         active.wait_health(SERVING)
-        standby.wait_health(NOT_SERVING)
-        started = time.monotonic()
-        postgres.stop()
-        assert_stood_down(standby, started)
-        assert_stood_down(active, started)
+        standby = controller_on(postgres, tmp_path)  # started second, so it waits
+        try:
+            standby.wait_health(NOT_SERVING)
+            started = time.monotonic()
+            postgres.stop()
+            assert_stood_down(standby, started)
+            assert_stood_down(active, started)
+        finally:
+            standby.finish()
     finally:
-        standby.finish()
         active.finish()
