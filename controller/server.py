@@ -3,17 +3,32 @@
 ``ControllerServer`` is what ``kiln-controller``, ``kiln demo`` and the tests
 run: a grpc.aio server with Kiln's two services, server reflection and the
 standard health service, over a Fleet on SQLite or PostgreSQL.
+
+Start-up runs in this order, so that what can fail at once does:
+
+1. bind the address (``SO_REUSEPORT`` off: an address another controller or
+   program serves is refused with ``ListenError``) and serve health, as
+   NOT_SERVING, and reflection; Kiln's calls answer UNAVAILABLE;
+2. wait to be the active controller (``ActiveLock``), as a hot standby;
+3. open the store and the Fleet, then serve Kiln's services (SERVING).
+
+While active, a lost database session makes the controller stand down
+(``lock_lost``) the moment any database call sees the connection gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
+import socket
 import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -45,6 +60,103 @@ SERVICES = (
     fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name,
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
 )
+STANDBY = "this controller is a standby; another controller is active on its database"
+
+
+class ListenError(InvalidArgument):
+    """The controller cannot listen on its address; nothing was served."""
+
+    template = "cannot listen on %(address)s: %(reason)s"
+
+
+def _probe_free(address: str) -> None:
+    """Raise ListenError unless ``address`` (HOST:PORT) could be bound right now.
+
+    Binding a throw-away socket first, the way gRPC binds (SO_REUSEADDR, so a
+    port in TIME_WAIT is free; no SO_REUSEPORT, so a listening one is not),
+    gives a message naming the address instead of gRPC core's log line.
+    """
+    host, _, port = address.rpartition(":")
+    if port == "0":
+        return  # any free port
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (socket.gaierror, ValueError) as e:
+        raise ListenError(address=address, reason=f"cannot resolve {host!r}") from e
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as e:
+                reason = {
+                    errno.EADDRINUSE: "address already in use (by another controller or program)",
+                    errno.EADDRNOTAVAIL: "not an address of this machine",
+                    errno.EACCES: "permission denied (a port below 1024 needs privileges)",
+                }.get(e.errno or 0, e.strerror or str(e))
+                raise ListenError(address=address, reason=reason) from e
+
+
+class _KilnServices(grpc.GenericRpcHandler):
+    """Kiln's two services: registered before the server starts, filled in once
+    the controller is active (``serve``); until then every call is refused.
+
+    A standby has its port bound but no Fleet yet: an agent or operator that
+    dials it is told at once (UNAVAILABLE) to try the next controller, rather
+    than hanging on a port that accepts and never answers. gRPC registers
+    services only before ``start``, hence one generic handler for both that
+    changes what it hands out. Health and reflection are served apart.
+    """
+
+    def __init__(self) -> None:
+        self._served: tuple[grpc.GenericRpcHandler, ...] = ()
+        self._refusals: dict[str, grpc.RpcMethodHandler] = {}
+        for file in (fleet_pb2.DESCRIPTOR, agent_pb2.DESCRIPTOR):
+            for service in file.services_by_name.values():
+                for method in service.methods:
+                    refusal = _refusal(method.client_streaming, method.server_streaming)
+                    self._refusals[f"/{service.full_name}/{method.name}"] = refusal
+
+    def serve(self, fleet: Fleet) -> None:
+        registrar = _Registrar()
+        fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetService(fleet), registrar)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(fleet), registrar)
+        self._served = tuple(registrar.handlers)
+
+    def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler | None:
+        for handler in self._served:
+            found = handler.service(handler_call_details)
+            if found is not None:
+                return found
+        return self._refusals.get(handler_call_details.method)
+
+
+class _Registrar:
+    """Collects what the generated ``add_*Servicer_to_server`` functions register."""
+
+    def __init__(self) -> None:
+        self.handlers: list[grpc.GenericRpcHandler] = []
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self.handlers.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        pass  # the same handlers, looked up faster by core; the generic ones suffice
+
+
+def _refusal(client_streaming: bool, server_streaming: bool) -> grpc.RpcMethodHandler:
+    async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, STANDBY)
+
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(client_streaming, server_streaming)]
+    return make(refuse)
 
 
 @dataclass
@@ -86,6 +198,11 @@ class ControllerServer:
         self._active: ActiveLock | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self.lock_lost = asyncio.Event()
+        self.stand_down_reason = ""
+        self._trouble = asyncio.Event()  # a database call saw the connection gone
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._services = _KilnServices()
+        self._health: health.aio.HealthServicer | None = None
         self._publisher_task: asyncio.Task[None] | None = None
 
     def _state_dir(self) -> Path:
@@ -99,16 +216,23 @@ class ControllerServer:
         return self.config.db_url or default_sqlite_url(self._state_dir())
 
     async def start(self) -> str:
-        """Open the store, start the services and listen; returns HOST:PORT.
+        """Listen, wait to be the active controller, then serve; returns HOST:PORT.
 
-        Raises TlsConfigError (before opening anything) when the TLS options
-        are incomplete or name unusable files.
+        May wait as long as another controller is active on the database.
+
+        Raises:
+            TlsConfigError: (before opening anything) the TLS options are
+                incomplete or name unusable files.
+            ListenError: (before opening the store) the address is taken, not
+                local, or not resolvable; a standby fails here, at once.
+            DatabaseLost: the database cannot be reached.
         """
         cfg = self.config
         credentials = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
         profiles = cfg.profiles or ProfileCatalog.load(cfg.profiles_dir)
+        await self._listen(credentials)
         engine = open_engine(self._db_url(), migrate_schema=False)
-        self._active = ActiveLock(engine)
+        self._active = ActiveLock(engine, on_trouble=self._database_trouble)
         await self._active.acquire(
             on_wait=lambda: log.warning(
                 "another controller is active on this database; waiting as a standby"
@@ -148,28 +272,7 @@ class ControllerServer:
             )
             self.store.on_commit(self.publisher.notify)
             self._publisher_task = asyncio.create_task(self.publisher.run(), name="kiln-mqtt")
-        server = grpc.aio.server()
-        fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetService(self.fleet), server)
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(self.fleet), server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection(
-            (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
-        host, _, port = cfg.listen.rpartition(":")
-        if credentials is None:
-            bound = server.add_insecure_port(cfg.listen)
-        else:
-            bound = server.add_secure_port(cfg.listen, credentials)
-        if bound == 0:
-            raise OSError(f"cannot listen on {cfg.listen}")
-        await server.start()
-        self._server = server
-        self.address = f"{host or '127.0.0.1'}:{bound}"
-        await self.fleet.start()
-        self._watchdog = asyncio.create_task(self._watch_lock(), name="kiln-active-lock")
-        for name in ("", *SERVICES):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._serve_api()
         log.info(
             "controller listening on %s (%s)",
             self.address,
@@ -177,18 +280,90 @@ class ControllerServer:
         )
         return self.address
 
+    async def _listen(self, credentials: grpc.ServerCredentials | None) -> None:
+        """Bind the address and serve health (NOT_SERVING) and reflection.
+
+        Raises ListenError, having served nothing, when the address cannot be bound.
+        """
+        cfg = self.config
+        self._loop = asyncio.get_running_loop()
+        _probe_free(cfg.listen)
+        # gRPC turns SO_REUSEPORT on by default, which lets a second controller
+        # bind an address already served; clients would then alternate between
+        # two controllers (and two databases).
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers((self._services,))
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        try:
+            if credentials is None:
+                bound = server.add_insecure_port(cfg.listen)
+            else:
+                bound = server.add_secure_port(cfg.listen, credentials)
+        except RuntimeError as e:  # gRPC's "Failed to bind": lost a race with another program
+            raise ListenError(address=cfg.listen, reason="gRPC could not bind it") from e
+        if bound == 0:
+            raise ListenError(address=cfg.listen, reason="gRPC could not bind it")
+        for name in ("", *SERVICES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.start()
+        self._server = server
+        host, _, _ = cfg.listen.rpartition(":")
+        self.address = f"{host or '127.0.0.1'}:{bound}"
+
+    async def _serve_api(self) -> None:
+        """Serve Kiln's services over the Fleet: now SERVING."""
+        assert self._health is not None and self.fleet is not None
+        await self.fleet.start()
+        self._watchdog = asyncio.create_task(self._watch_lock(), name="kiln-active-lock")
+        self._services.serve(self.fleet)
+        for name in ("", *SERVICES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def _database_trouble(self) -> None:
+        """Wake the watchdog; called from whichever thread saw the error."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._trouble.set)
+
+    @property
+    def database_troubled(self) -> bool:
+        """True from the moment a database call saw the connection gone until
+        the lock is found still held, and for good once it is lost."""
+        return self.lock_lost.is_set() or (
+            self._active is not None and self._active.troubled.is_set()
+        )
+
     async def _watch_lock(self, every: float = 5.0) -> None:
         """Stand down the moment the active-controller lock is lost, so two
-        controllers never act on the same fleet at once."""
+        controllers never act on the same fleet at once: checked every
+        ``every`` seconds, and at once when a database call lost its connection.
+        Sets ``lock_lost`` and ``stand_down_reason`` (one line); whoever runs
+        the server reports it and stops it."""
         assert self._active is not None
         while True:
-            await asyncio.sleep(every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._trouble.wait(), every)
+            troubled = self._trouble.is_set()
+            self._trouble.clear()
             if not await asyncio.to_thread(self._active.still_held):
-                log.error("lost the active-controller lock; stopping")
+                self.stand_down_reason = self._active.lost_reason or "the lock is gone"
+                log.debug("lost the active-controller lock: %s", self.stand_down_reason)
                 self.lock_lost.set()
                 return
+            if troubled:
+                log.warning("a database connection dropped; this controller is still active")
 
     async def stop(self, grace: float = 2.0) -> None:
+        """Stop serving (in-flight calls get ``grace`` seconds), then the Fleet,
+        the BMC pool and the store; safe to call after a failed or cancelled start."""
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()  # health says NOT_SERVING
+            self._health = None
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)

@@ -5,15 +5,36 @@ with "AST constructor recursion depth mismatch" when two threads compile
 code at once (gh-106905), and hypothesis imports (and pytest rewrites) some
 modules lazily when its first test runs; importing them here, before any
 thread starts, keeps the main thread from compiling while a controller runs.
+
+grpc.aio keeps one process-wide completion queue, read by a poller thread,
+reference-counted by every live aio server and channel. Each time the count
+drops to zero, at the end of nearly every test, the object freed last (often
+in the main thread, right after a server stopped) shuts the queue down: it
+unhooks the queue's wake-up socket from every event loop, then joins the
+poller thread until core reports the queue drained. A poller blocked writing
+to that unread socket (a burst of completions, or loops of other threads
+that stopped) is never joined, and the suite hangs in teardown
+(grpc/grpc#22365, #40989). One reference taken here, before any test, keeps
+the queue for the whole session; its poller is a daemon thread and ends with
+the process.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
+import grpc
 import hypothesis.internal.conjecture.providers  # noqa: F401
 import pytest
 from peers import ControllerThread, postgres_server
+
+
+async def _hold_grpc_aio() -> None:
+    grpc.aio.init_grpc_aio()  # never released: see the module docstring
+
+
+asyncio.run(_hold_grpc_aio())
 
 
 @pytest.fixture(scope="session")

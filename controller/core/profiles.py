@@ -14,6 +14,7 @@ and rejects a malformed file with a message naming the file and the problem.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -143,21 +144,65 @@ def validate_gpu_section(profile: Profile, origin: str) -> None:
         raise InvalidArgument(f"{origin}: gpu: {e}") from e
 
 
+def _file_name(path: Path) -> str:
+    return path.name
+
+
+def _read_yaml(path: Path, where: str) -> Any:
+    """The YAML document in ``path``. Raises InvalidArgument naming ``where``."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise InvalidArgument(f"{where}: cannot read it: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise InvalidArgument(
+            f"{where}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+        ) from e
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InvalidArgument(f"{where}: not valid YAML: {_one_line(e)}") from e
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
 class ProfileCatalog:
     def __init__(self, profiles: dict[str, Profile] | None = None) -> None:
         self._profiles = dict(profiles or {})
 
     @classmethod
-    def load(cls, directory: Path | None) -> ProfileCatalog:
+    def load(
+        cls, directory: Path | None, *, origin: Callable[[Path], str] | None = None
+    ) -> ProfileCatalog:
+        """Every ``*.yaml`` profile in ``directory`` (None: an empty catalog).
+
+        Messages name each file as ``origin(path)`` (default: its name).
+
+        Raises:
+            InvalidArgument: the directory is missing or not a directory; a
+                file cannot be read, is not UTF-8 or YAML, or is not a valid
+                profile; two files define the same profile name.
+        """
         profiles: dict[str, Profile] = {}
-        if directory is not None:
-            for path in sorted(directory.glob("*.yaml")):
-                try:
-                    data = yaml.safe_load(path.read_text())
-                except yaml.YAMLError as e:
-                    raise InvalidArgument(f"{path.name}: not valid YAML: {e}") from e
-                profile = parse_profile(data, path.name)
-                profiles[profile.name] = profile
+        if directory is None:
+            return cls(profiles)
+        if not directory.is_dir():
+            problem = "is not a directory" if directory.exists() else "does not exist"
+            raise InvalidArgument(f"profiles directory {directory} {problem}")
+        name_of = origin or _file_name
+        defined_in: dict[str, str] = {}
+        for path in sorted(directory.glob("*.yaml")):
+            where = name_of(path)
+            profile = parse_profile(_read_yaml(path, where), where)
+            if profile.name in defined_in:
+                raise InvalidArgument(
+                    f"{where}: profile name {profile.name!r} is already defined by "
+                    f"{defined_in[profile.name]}"
+                )
+            defined_in[profile.name] = path.name
+            profiles[profile.name] = profile
         return cls(profiles)
 
     def add(self, profile: Profile) -> None:

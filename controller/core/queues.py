@@ -5,10 +5,14 @@ queues:
   - name: research
     gpu_quota: 512        # GPUs the queue may hold; omit for no limit
     borrowing_limit: 128  # GPUs beyond its quota it may borrow when others idle
+
+A queue name is 1-63 letters, digits, ``.``, ``_`` or ``-``, starting with a
+letter or digit: it is typed on command lines and shown in events.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ from controller.core.errors import InvalidArgument
 from controller.placement import QueueConfig
 
 KEYS = frozenset({"name", "gpu_quota", "borrowing_limit"})
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 def parse_queues(data: Any, origin: str = "queues") -> list[QueueConfig]:
@@ -35,6 +40,11 @@ def parse_queues(data: Any, origin: str = "queues") -> list[QueueConfig]:
         where = f"{origin}: queues[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise InvalidArgument(f"{where}: each queue needs a name")
+        if not NAME.fullmatch(entry["name"]):
+            raise InvalidArgument(
+                f"{where}: queue name {entry['name']!r} must be 1-63 letters, digits, "
+                "'.', '_' or '-', starting with a letter or digit"
+            )
         bad = set(entry) - KEYS
         if bad:
             raise InvalidArgument(f"{where} ({entry['name']}): unknown keys {sorted(bad)}")
@@ -53,9 +63,23 @@ def parse_queues(data: Any, origin: str = "queues") -> list[QueueConfig]:
     return queues
 
 
-def load_queues(path: Path) -> list[QueueConfig]:
+def load_queues(path: Path, origin: str | None = None) -> list[QueueConfig]:
+    """The queues in ``path``; messages name it as ``origin`` (default: its name).
+
+    Raises InvalidArgument when the file cannot be read, is not UTF-8 or YAML,
+    or is not a valid queue configuration.
+    """
+    where = origin or path.name
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise InvalidArgument(f"{path.name}: cannot read queues: {e}") from e
-    return parse_queues(data, path.name)
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise InvalidArgument(f"{where}: cannot read queues: {e}") from e
+    except UnicodeDecodeError as e:
+        raise InvalidArgument(
+            f"{where}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+        ) from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InvalidArgument(f"{where}: not valid YAML: {' '.join(str(e).split())}") from e
+    return parse_queues(data, where)

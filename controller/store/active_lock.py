@@ -5,6 +5,13 @@ instead of running a second reconciler against the same nodes: PostgreSQL
 gives the lock (a session advisory lock, released by the server the moment
 the holder's connection dies, so a standby takes over within a poll), SQLite
 gives it through an exclusive file lock beside the database file.
+
+Losing the database is noticed at once, not at the next poll: every database
+error the engine sees that means "no connection" (a dropped session, a refused
+connect) marks the lock ``troubled`` and calls ``on_trouble``, so the
+controller can check ``still_held`` straight away and stand down while the
+errors it would otherwise log, one traceback per failing task, are still
+the same single fault.
 """
 
 from __future__ import annotations
@@ -14,12 +21,16 @@ import contextlib
 import fcntl
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from sqlalchemy import text
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection, Engine, ExceptionContext
+from sqlalchemy.exc import DBAPIError
+
+from controller.core.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +38,60 @@ log = logging.getLogger(__name__)
 ADVISORY_KEY = 0x6B696C6E
 
 
-class ActiveLock:
-    """Taken by ``acquire`` (waiting as long as another controller holds it)."""
+class DatabaseLost(Unavailable):
+    """The database went away: the lock (PostgreSQL) is gone or cannot be taken."""
 
-    def __init__(self, engine: Engine, *, poll: float = 1.0) -> None:
+    template = "lost the database: %(reason)s"
+
+
+def one_line(error: BaseException) -> str:
+    """A database error as the driver put it, on one line, without SQL."""
+    original = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
+    return " ".join(str(original).split()) or type(original).__name__
+
+
+def is_database_error(error: BaseException | None) -> bool:
+    """True when ``error``, or an error it was raised from, is a database error."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, DBAPIError):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+class ActiveLock:
+    """Taken by ``acquire`` (waiting as long as another controller holds it).
+
+    ``on_trouble`` is called, from whichever thread saw it, on each database
+    error that means the connection is gone; it must be thread-safe (e.g.
+    ``loop.call_soon_threadsafe``).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        poll: float = 1.0,
+        on_trouble: Callable[[], None] | None = None,
+    ) -> None:
         self._engine = engine
         self._poll = poll
         self._conn: Connection | None = None
         self._file: IO[bytes] | None = None
+        self.troubled = threading.Event()  # a connection was lost since the last check
+        self.lost_reason = ""
+        self._on_trouble = on_trouble
+        event.listen(engine, "handle_error", self._saw_error)
+
+    def _saw_error(self, context: ExceptionContext) -> None:
+        # A refused or failed connect comes with no connection; a dropped one is
+        # a disconnect. Anything else (a constraint, a deadlock) is not ours.
+        if context.is_disconnect or context.connection is None:
+            self.troubled.set()
+            if self._on_trouble is not None:
+                self._on_trouble()
 
     @property
     def kind(self) -> str:
@@ -69,25 +126,39 @@ class ActiveLock:
 
     async def acquire(self, on_wait: Callable[[], None] | None = None) -> None:
         """Return once this controller holds the lock; call ``on_wait`` once if it
-        has to wait for another controller first."""
+        has to wait for another controller first.
+
+        Raises:
+            DatabaseLost: the database cannot be reached (while waiting, too).
+        """
         told = False
-        while not await asyncio.to_thread(self._try):
+        while True:
+            try:
+                if await asyncio.to_thread(self._try):
+                    break
+            except DBAPIError as e:
+                self.lost_reason = one_line(e)
+                raise DatabaseLost(reason=self.lost_reason) from e
             if not told and on_wait is not None:
                 on_wait()
                 told = True
             await asyncio.sleep(self._poll)
+        self.troubled.clear()
 
     def still_held(self) -> bool:
-        """False when the PostgreSQL session holding the lock is gone."""
+        """False when the PostgreSQL session holding the lock is gone; then
+        ``lost_reason`` says why, on one line. Blocking (call from a thread)."""
         if self._conn is None:
             return self._file is not None or self.kind == "file"
         try:
             self._conn.execute(text("SELECT 1"))
             self._conn.commit()
-            return True
-        except Exception:  # the session, and with it the lock, is gone
-            log.exception("lost the database session that holds the active-controller lock")
+        except Exception as e:  # the session, and with it the lock, is gone
+            self.lost_reason = one_line(e)
+            log.debug("the session holding the active-controller lock is gone", exc_info=True)
             return False
+        self.troubled.clear()
+        return True
 
     def release(self) -> None:
         if self._conn is not None:

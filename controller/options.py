@@ -1,0 +1,381 @@
+"""``kiln-controller``'s options, parsed and checked in one place before anything starts.
+
+Every problem is an ``OptionError``: one line naming the option and what is
+wrong with it, on which ``kiln-controller`` exits 2 (``docs/operations.md``).
+A value is named ``--option VALUE: problem``; a file's contents
+``FILE (--option): problem``. The checks run in two steps:
+
+1. ``parse(argv)`` reads and validates every value and file and changes
+   nothing: intervals and caps above zero, ``--listen`` a HOST:PORT, the
+   profiles directory (every profile valid, no name twice), queues, rules,
+   TLS files and the secret key's format;
+2. ``check_store(config)`` then proves the database answers, takes writes,
+   and that the secret key opens the BMC passwords sealed in it (this may
+   create the state directory and the SQLite file, and may block for up to
+   ``CONNECT_TIMEOUT_S``).
+
+The port is proven by binding it, the first thing ``ControllerServer.start``
+does (``ListenError``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from controller.core.errors import InvalidArgument, KilnError
+from controller.core.preparation import PrepLimits
+from controller.core.profiles import ProfileCatalog
+from controller.core.queues import load_queues
+from controller.placement import QueueConfig
+from controller.policies import RuleSet, load_rules
+from controller.server import ControllerConfig
+from controller.store.engine import default_sqlite_url
+from controller.store.secrets import SecretBox
+from controller.store.startup_checks import check_database, check_secret_key
+from controller.tls import server_credentials
+
+
+class OptionError(InvalidArgument):
+    """A controller option is unusable; the message (one line) names it and the problem."""
+
+    @classmethod
+    def value(cls, option: str, value: object, problem: str) -> OptionError:
+        return cls(f"{option} {value}: {problem}")
+
+    @classmethod
+    def file(cls, option: str, path: Path | str, problem: str) -> OptionError:
+        return cls(f"{path} ({option}): {problem}")
+
+
+@dataclass(frozen=True)
+class Options:
+    config: ControllerConfig
+    verbose: bool = False
+
+
+# -- value types: argparse names the option in front of their messages -----------
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds (0 would spin a loop on a core)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
+
+
+def host_port(text: str) -> str:
+    """HOST:PORT with PORT 0-65535 (0: any free port); IPv6 hosts in brackets."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"wants HOST:PORT, not {text!r}")
+    if not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"port must be a number from 0 to 65535, not {port!r}")
+    if host.startswith("[") != host.endswith("]"):
+        raise argparse.ArgumentTypeError(f"unbalanced brackets in {host!r}")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is an OptionError (one line, exit 2), not usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("argument "):  # "argument --x: problem" names the option
+            raise OptionError(message.removeprefix("argument "))
+        raise OptionError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kiln-controller", description="Run Kiln's central service.")
+    p.add_argument(
+        "--listen",
+        type=host_port,
+        default="127.0.0.1:50051",
+        help="HOST:PORT to serve gRPC on (refused when anything already listens there)",
+    )
+    p.add_argument(
+        "--db",
+        default=None,
+        help="database URL; default SQLite in --state-dir "
+        "(PostgreSQL: postgresql+psycopg://USER@HOST/DB)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("state"),
+        help="directory for the SQLite database (default ./state)",
+    )
+    p.add_argument("--profiles", type=Path, default=None, help="directory of node profiles")
+    p.add_argument(
+        "--sample-interval", type=seconds, default=5.0, help="seconds between agent health samples"
+    )
+    p.add_argument(
+        "--rules",
+        type=Path,
+        default=None,
+        help="health policy rules (YAML; default: the built-in rules)",
+    )
+    p.add_argument(
+        "--queues",
+        type=Path,
+        default=None,
+        help="queue quotas (YAML, see docs/placement.md); default: one unlimited queue",
+    )
+    p.add_argument(
+        "--power-sync-interval",
+        type=seconds,
+        default=60.0,
+        help="seconds between power-state sync passes over every BMC",
+    )
+    p.add_argument(
+        "--agent-silent-after",
+        type=seconds,
+        default=15.0,
+        help="seconds without an agent report before a powered-on node's "
+        "BMC thermal sensors feed the health policies (default 15)",
+    )
+    p.add_argument(
+        "--bmc-thermal-interval",
+        type=seconds,
+        default=10.0,
+        help="seconds between BMC thermal readings of a silent node (default 10)",
+    )
+    limits = PrepLimits()
+    p.add_argument(
+        "--max-preparing",
+        type=positive,
+        default=limits.prepare_fleet,
+        help="nodes prepared at once, fleet-wide (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-preparing-per-rack",
+        type=positive,
+        default=limits.prepare_per_rack,
+        help="nodes prepared at once in one rack (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-firmware-updates",
+        type=positive,
+        default=limits.firmware_fleet,
+        help="firmware updates at once, fleet-wide (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-firmware-updates-per-rack",
+        type=positive,
+        default=limits.firmware_per_rack,
+        help="firmware updates at once in one rack (default %(default)s)",
+    )
+    p.add_argument(
+        "--reconcile-interval",
+        type=seconds,
+        default=1.0,
+        help="seconds between lifecycle passes over every node",
+    )
+    p.add_argument(
+        "--secret-key-file",
+        type=Path,
+        default=None,
+        help="key that seals BMC passwords in the database (default: "
+        "STATE_DIR/secret.key, created on first start; share it between "
+        "controllers on one PostgreSQL database)",
+    )
+    p.add_argument(
+        "--mqtt", type=host_port, default=None, help="HOST:PORT of the MQTT broker for events"
+    )
+    tls = p.add_argument_group(
+        "TLS", "serve gRPC over TLS (default: plaintext); see README, Securing the agent stream"
+    )
+    tls.add_argument("--tls-cert", type=Path, default=None, help="server certificate (PEM)")
+    tls.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    tls.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        default=None,
+        help="require client certificates signed by this CA (mutual TLS); an agent's "
+        "certificate must name its node (CN or DNS SAN)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+# -- step 1: values and files ------------------------------------------------------
+
+
+def parse(argv: list[str] | None = None) -> Options:
+    """Parse and validate ``argv``; reads the files it names, changes nothing.
+
+    Raises OptionError, or TlsConfigError for the TLS files.
+    """
+    args = build_parser().parse_args(argv)
+    server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
+    if args.mqtt is not None and args.mqtt.endswith(":0"):
+        raise OptionError.value("--mqtt", args.mqtt, "the broker's port cannot be 0")
+    if args.db is not None:
+        _check_url(args.db)
+    key_file = args.secret_key_file or args.state_dir / "secret.key"
+    _check_key_format(key_file)
+    config = ControllerConfig(
+        listen=args.listen,
+        db_url=args.db,
+        state_dir=args.state_dir,
+        profiles_dir=args.profiles,
+        profiles=load_profiles(args.profiles),
+        queues=load_queue_file(args.queues),
+        rules_file=args.rules,
+        rules=load_rule_file(args.rules),
+        sample_interval=args.sample_interval,
+        mqtt=args.mqtt,
+        power_sync_interval=args.power_sync_interval,
+        reconcile_interval=args.reconcile_interval,
+        agent_silent_after=args.agent_silent_after,
+        bmc_thermal_interval=args.bmc_thermal_interval,
+        prep_limits=PrepLimits(
+            prepare_fleet=args.max_preparing,
+            prepare_per_rack=args.max_preparing_per_rack,
+            firmware_fleet=args.max_firmware_updates,
+            firmware_per_rack=args.max_firmware_updates_per_rack,
+        ),
+        secret_key_file=key_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+    )
+    return Options(config=config, verbose=args.verbose)
+
+
+def read_text(option: str, path: Path) -> str:
+    """The UTF-8 text of ``path``; OptionError when it cannot be read or decoded."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise OptionError.value(option, path, "no such file") from None
+    except IsADirectoryError:
+        raise OptionError.value(option, path, "is a directory, not a file") from None
+    except OSError as e:
+        raise OptionError.value(option, path, f"cannot read it: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise OptionError.file(option, path.name, _not_utf8(e)) from e
+
+
+def _not_utf8(e: UnicodeDecodeError) -> str:
+    return f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+
+
+def load_profiles(directory: Path | None) -> ProfileCatalog:
+    if directory is None:
+        return ProfileCatalog()
+    if not directory.exists():
+        raise OptionError.value("--profiles", directory, "no such directory")
+    if not directory.is_dir():
+        raise OptionError.value("--profiles", directory, "is a file; give the directory of *.yaml")
+    try:
+        return ProfileCatalog.load(directory, origin=lambda p: f"{p.name} (--profiles)")
+    except InvalidArgument as e:
+        raise OptionError(str(e)) from e
+
+
+def load_queue_file(path: Path | None) -> list[QueueConfig]:
+    if path is None:
+        return []
+    read_text("--queues", path)  # a missing or unreadable file is about the option's value
+    try:
+        return load_queues(path, origin=f"{path.name} (--queues)")
+    except InvalidArgument as e:
+        raise OptionError(str(e)) from e
+
+
+def load_rule_file(path: Path | None) -> RuleSet | None:
+    if path is None:
+        return None
+    text = read_text("--rules", path)
+    try:
+        return load_rules(text)
+    except InvalidArgument as e:
+        raise OptionError.file("--rules", path.name, str(e)) from e
+
+
+def _check_url(url: str) -> None:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise OptionError.value("--db", url, "not a database URL") from None
+    if not parsed.drivername.startswith(("sqlite", "postgresql")):
+        raise OptionError.value(
+            "--db",
+            _shown(url),
+            "Kiln runs on SQLite or PostgreSQL (postgresql+psycopg://USER@HOST/DB)",
+        )
+
+
+def _shown(url: str) -> str:
+    """``url`` as given, unless it holds a password, which is masked."""
+    parsed = make_url(url)
+    return parsed.render_as_string(hide_password=True) if parsed.password else url
+
+
+def _check_key_format(key_file: Path) -> None:
+    """A key file that exists must hold a key (a missing one is made at start)."""
+    if not key_file.exists():
+        return
+    try:
+        SecretBox.from_key_file(key_file, create=False)
+    except OSError as e:
+        raise OptionError.value(
+            "--secret-key-file", key_file, f"cannot read it: {e.strerror or e}"
+        ) from e
+    except InvalidArgument as e:
+        raise OptionError.value("--secret-key-file", key_file, "does not hold a Fernet key") from e
+
+
+# -- step 2: the database ----------------------------------------------------------
+
+
+def check_store(config: ControllerConfig) -> None:
+    """Prove the database answers and takes writes, and the key opens its secrets.
+
+    May create the state directory and its SQLite file; may block for up to
+    ``CONNECT_TIMEOUT_S``. Raises OptionError naming --db (or --state-dir)
+    or --secret-key-file.
+    """
+    if config.db_url:
+        option, value, url = "--db", _shown(config.db_url), config.db_url
+    else:
+        assert config.state_dir is not None
+        option, value = "--state-dir", str(config.state_dir)
+        try:
+            url = default_sqlite_url(config.state_dir)
+        except OSError as e:
+            raise OptionError.value(option, value, f"cannot create it: {e.strerror or e}") from e
+    try:
+        check_database(url)
+    except KilnError as e:
+        raise OptionError.value(option, value, str(e)) from e
+    key_file = config.secret_key_file or config.state_dir / "secret.key"  # type: ignore[operator]
+    try:
+        check_secret_key(url, key_file)
+    except OSError as e:
+        raise OptionError.value(
+            "--secret-key-file", key_file, f"cannot read it: {e.strerror or e}"
+        ) from e
+    except KilnError as e:
+        raise OptionError.value("--secret-key-file", key_file, str(e)) from e
