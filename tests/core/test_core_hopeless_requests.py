@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from core_builders import Racks, reconcile, spec
 
-from controller.core.allocations import fewest_gpus
+from controller.core.admission import fewest_gpus
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.model import AllocationSpec
