@@ -48,7 +48,7 @@ ALLOCATION_STATE_RELEASED: AllocationState
 ALLOCATION_STATE_FAILED: AllocationState
 
 class Node(_message.Message):
-    __slots__ = ("name", "rack", "leaf", "spine", "bmc_url", "bmc_username", "state", "state_reason", "power", "bmc_health", "agent_connected", "agent_last_seen", "gpu_model", "gpu_count", "gpus", "nvlink_domain", "allocation", "health", "profile", "updated_at", "schedulable")
+    __slots__ = ("name", "rack", "leaf", "spine", "bmc_url", "bmc_username", "state", "state_reason", "power", "bmc_health", "agent_connected", "agent_last_seen", "gpu_model", "gpu_count", "gpus", "nvlink_domain", "allocation", "health", "profile", "updated_at", "schedulable", "agent_cert_expires_at")
     NAME_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     LEAF_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class Node(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     SCHEDULABLE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_CERT_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     name: str
     rack: str
     leaf: str
@@ -91,7 +92,8 @@ class Node(_message.Message):
     profile: str
     updated_at: float
     schedulable: bool
-    def __init__(self, name: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., bmc_url: _Optional[str] = ..., bmc_username: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., state_reason: _Optional[str] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., bmc_health: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., agent_last_seen: _Optional[float] = ..., gpu_model: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., nvlink_domain: _Optional[str] = ..., allocation: _Optional[str] = ..., health: _Optional[_Union[_types_pb2.NodeHealth, _Mapping]] = ..., profile: _Optional[str] = ..., updated_at: _Optional[float] = ..., schedulable: _Optional[bool] = ...) -> None: ...
+    agent_cert_expires_at: float
+    def __init__(self, name: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., bmc_url: _Optional[str] = ..., bmc_username: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., state_reason: _Optional[str] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., bmc_health: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., agent_last_seen: _Optional[float] = ..., gpu_model: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., nvlink_domain: _Optional[str] = ..., allocation: _Optional[str] = ..., health: _Optional[_Union[_types_pb2.NodeHealth, _Mapping]] = ..., profile: _Optional[str] = ..., updated_at: _Optional[float] = ..., schedulable: _Optional[bool] = ..., agent_cert_expires_at: _Optional[float] = ...) -> None: ...
 
 class EnrollNodeRequest(_message.Message):
     __slots__ = ("name", "bmc_url", "username", "password", "rack", "leaf", "spine", "insecure", "ca_bundle", "profile")
@@ -352,3 +354,133 @@ class InjectFaultResponse(_message.Message):
     ok: bool
     message: str
     def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WhoAmIResponse(_message.Message):
+    __slots__ = ("identity", "role", "method")
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    identity: str
+    role: str
+    method: str
+    def __init__(self, identity: _Optional[str] = ..., role: _Optional[str] = ..., method: _Optional[str] = ...) -> None: ...
+
+class Token(_message.Message):
+    __slots__ = ("name", "role", "created_at", "expires_at", "revoked", "created_by", "last_used_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    created_at: float
+    expires_at: float
+    revoked: bool
+    created_by: str
+    last_used_at: float
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., created_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., revoked: _Optional[bool] = ..., created_by: _Optional[str] = ..., last_used_at: _Optional[float] = ...) -> None: ...
+
+class CreateTokenRequest(_message.Message):
+    __slots__ = ("name", "role", "ttl_s")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    ttl_s: float
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class CreateTokenResponse(_message.Message):
+    __slots__ = ("token", "secret")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    token: Token
+    secret: str
+    def __init__(self, token: _Optional[_Union[Token, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class ListTokensRequest(_message.Message):
+    __slots__ = ("include_revoked",)
+    INCLUDE_REVOKED_FIELD_NUMBER: _ClassVar[int]
+    include_revoked: bool
+    def __init__(self, include_revoked: _Optional[bool] = ...) -> None: ...
+
+class ListTokensResponse(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[Token]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ...) -> None: ...
+
+class RevokeTokenRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class AuditEntry(_message.Message):
+    __slots__ = ("seq", "at", "who", "role", "method", "arguments_json", "code", "detail")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    WHO_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    at: float
+    who: str
+    role: str
+    method: str
+    arguments_json: str
+    code: str
+    detail: str
+    def __init__(self, seq: _Optional[int] = ..., at: _Optional[float] = ..., who: _Optional[str] = ..., role: _Optional[str] = ..., method: _Optional[str] = ..., arguments_json: _Optional[str] = ..., code: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("since", "who", "method", "limit")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    WHO_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    since: float
+    who: str
+    method: str
+    limit: int
+    def __init__(self, since: _Optional[float] = ..., who: _Optional[str] = ..., method: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListAuditResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ...) -> None: ...
+
+class SetNodeCredentialsRequest(_message.Message):
+    __slots__ = ("name", "username", "password")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    username: str
+    password: str
+    def __init__(self, name: _Optional[str] = ..., username: _Optional[str] = ..., password: _Optional[str] = ...) -> None: ...
+
+class IssueAgentTokenRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class IssueAgentTokenResponse(_message.Message):
+    __slots__ = ("node", "token")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    token: str
+    def __init__(self, node: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...

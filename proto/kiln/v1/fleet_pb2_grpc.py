@@ -110,6 +110,41 @@ class FleetServiceStub:
                 request_serializer=kiln_dot_v1_dot_fleet__pb2.InjectFaultRequest.SerializeToString,
                 response_deserializer=kiln_dot_v1_dot_fleet__pb2.InjectFaultResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/kiln.v1.FleetService/WhoAmI',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/kiln.v1.FleetService/CreateToken',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.CreateTokenResponse.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/kiln.v1.FleetService/ListTokens',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.ListTokensResponse.FromString,
+                _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/kiln.v1.FleetService/RevokeToken',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.Token.FromString,
+                _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/kiln.v1.FleetService/ListAudit',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
+        self.SetNodeCredentials = channel.unary_unary(
+                '/kiln.v1.FleetService/SetNodeCredentials',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.SetNodeCredentialsRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.Node.FromString,
+                _registered_method=True)
+        self.IssueAgentToken = channel.unary_unary(
+                '/kiln.v1.FleetService/IssueAgentToken',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenResponse.FromString,
+                _registered_method=True)
 
 
 class FleetServiceServicer:
@@ -205,7 +240,57 @@ class FleetServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def InjectFault(self, request, context):
-        """Simulated fleets only: forward a fault to a node's fake NVML.
+        """Simulated fleets only: forward a fault to a node's fake NVML. A
+        controller not started with --simulation answers UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WhoAmI(self, request, context):
+        """Who the caller is, as the controller sees it (any authenticated caller).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateToken(self, request, context):
+        """Operator tokens (admin). A token's secret is returned once, at creation;
+        the controller keeps only a salted hash of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAudit(self, request, context):
+        """Every mutating call, who made it and how it ended (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetNodeCredentials(self, request, context):
+        """A node's BMC credentials, replaced (sealed at rest, never returned).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IssueAgentToken(self, request, context):
+        """A token an agent without a client certificate presents to register its
+        node (and only that node); a new one replaces the old. Returned once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -288,6 +373,41 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.InjectFault,
                     request_deserializer=kiln_dot_v1_dot_fleet__pb2.InjectFaultRequest.FromString,
                     response_serializer=kiln_dot_v1_dot_fleet__pb2.InjectFaultResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.WhoAmIRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.WhoAmIResponse.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.CreateTokenRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.CreateTokenResponse.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.ListTokensRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.ListTokensResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.Token.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.ListAuditRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'SetNodeCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetNodeCredentials,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.SetNodeCredentialsRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.Node.SerializeToString,
+            ),
+            'IssueAgentToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueAgentToken,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -695,6 +815,195 @@ class FleetService:
             '/kiln.v1.FleetService/InjectFault',
             kiln_dot_v1_dot_fleet__pb2.InjectFaultRequest.SerializeToString,
             kiln_dot_v1_dot_fleet__pb2.InjectFaultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/WhoAmI',
+            kiln_dot_v1_dot_fleet__pb2.WhoAmIRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.WhoAmIResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/CreateToken',
+            kiln_dot_v1_dot_fleet__pb2.CreateTokenRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.CreateTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/ListTokens',
+            kiln_dot_v1_dot_fleet__pb2.ListTokensRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.ListTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/RevokeToken',
+            kiln_dot_v1_dot_fleet__pb2.RevokeTokenRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.Token.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/ListAudit',
+            kiln_dot_v1_dot_fleet__pb2.ListAuditRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetNodeCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/SetNodeCredentials',
+            kiln_dot_v1_dot_fleet__pb2.SetNodeCredentialsRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueAgentToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/IssueAgentToken',
+            kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,
