@@ -6,8 +6,10 @@ import dataclasses
 import json
 import math
 
+from controller.core.audit import AuditEntry
 from controller.core.errors import InvalidArgument
 from controller.core.health import GpuHealth, HealthReport
+from controller.core.identity import TokenInfo
 from controller.core.model import (
     AllocationInfo,
     AllocationSpec,
@@ -193,4 +195,30 @@ def event_pb(e: EventInfo) -> types_pb2.Event:
 def power_progress_pb(r: PowerResult, done: int, total: int) -> fleet_pb2.PowerProgress:
     return fleet_pb2.PowerProgress(
         node=r.node, ok=r.ok, power=power_pb(r.power), error=r.error, done=done, total=total
+    )
+
+
+def token_pb(t: TokenInfo) -> fleet_pb2.Token:
+    """A token as the API shows it: never its secret or hash."""
+    return fleet_pb2.Token(
+        name=t.name,
+        role=str(t.role),
+        created_at=t.created_at,
+        expires_at=t.expires_at,
+        revoked=t.revoked,
+        created_by=t.created_by,
+        last_used_at=t.last_used_at,
+    )
+
+
+def audit_entry_pb(e: AuditEntry) -> fleet_pb2.AuditEntry:
+    return fleet_pb2.AuditEntry(
+        seq=e.seq,
+        at=e.at,
+        who=e.who,
+        role=e.role,
+        method=e.method,
+        arguments_json=json.dumps(e.arguments, sort_keys=True),
+        code=e.code,
+        detail=e.detail,
     )

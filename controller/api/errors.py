@@ -9,7 +9,6 @@ from typing import Any, TypeVar
 
 import grpc
 
-from controller.api.peer_identity import PermissionDenied
 from controller.core import errors
 
 log = logging.getLogger(__name__)
@@ -18,7 +17,8 @@ log = logging.getLogger(__name__)
 STATUS_FOR: tuple[tuple[type[errors.KilnError], grpc.StatusCode], ...] = (
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.NotFound, grpc.StatusCode.NOT_FOUND),
-    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.BmcAuthenticationFailed, grpc.StatusCode.FAILED_PRECONDITION),

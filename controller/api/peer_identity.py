@@ -13,11 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from controller.core.errors import KilnError
-
-
-class PermissionDenied(KilnError):
-    """The caller is authenticated but may not do this."""
+from controller.core.errors import PermissionDenied
 
 
 class CertificateMismatch(PermissionDenied):

@@ -204,10 +204,13 @@ class Allocations:
         nodes = await self._nodes.records()
         return self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in nodes)
 
-    async def create(self, key: str, spec: AllocationSpec) -> AllocationInfo:
+    async def create(
+        self, key: str, spec: AllocationSpec, *, created_by: str = ""
+    ) -> AllocationInfo:
         """Queue a gang request and try to place it at once.
 
         Idempotent on ``key``: the same key and spec return the same allocation.
+        ``created_by`` is the caller's identity, kept with the allocation.
 
         Raises:
             InvalidArgument: the spec is malformed, or names a queue that is
@@ -235,6 +238,7 @@ class Allocations:
                 reason="queued",
                 created_at=now,
                 updated_at=now,
+                created_by=created_by,
             )
             tx.allocations.add(alloc)
             record(

@@ -40,6 +40,14 @@ class NotFound(KilnError):
     template = "%(kind)s %(name)r not found"
 
 
+class Unauthenticated(KilnError):
+    """The call carries no credentials, or ones that are unknown, expired or revoked."""
+
+
+class PermissionDenied(KilnError):
+    """The caller is authenticated but may not do this."""
+
+
 class AlreadyExists(KilnError):
     template = "%(kind)s %(name)r already exists"
 

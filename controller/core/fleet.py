@@ -14,10 +14,12 @@ from typing import Any
 
 from controller.core.agents import AgentHub, AgentSession
 from controller.core.allocations import Allocations
-from controller.core.errors import InvalidArgument
+from controller.core.audit import AuditEntry, AuditLog
+from controller.core.errors import InvalidArgument, PermissionDenied
 from controller.core.eventlog import EventLog
 from controller.core.health import HealthReport
 from controller.core.health_policy import PolicyRunner
+from controller.core.identity import SYSTEM, Caller, Role, TokenInfo
 from controller.core.lifecycle import Lifecycle
 from controller.core.model import (
     AgentCommand,
@@ -38,6 +40,7 @@ from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.tasks import BackgroundTasks
+from controller.core.tokens import Tokens
 from controller.placement import (
     QueueConfig,
     export_k8s_labels_text,
@@ -98,6 +101,8 @@ class Fleet:
             bmc_sample_interval=bmc_thermal_interval,
         )
         self.power_sync = PowerSync(store, self.nodes, bmc, interval=power_sync_interval)
+        self.tokens = Tokens(store)
+        self.audit = AuditLog(store)
         self.sample_interval = sample_interval
         self._loops = BackgroundTasks()
         self._background = BackgroundTasks()
@@ -169,11 +174,14 @@ class Fleet:
 
     # -- allocations -------------------------------------------------------------
 
-    async def create_allocation(self, key: str, spec: AllocationSpec) -> AllocationInfo:
-        """Raises NotFound for an unknown profile, before anything is stored."""
+    async def create_allocation(
+        self, key: str, spec: AllocationSpec, *, by: Caller | None = None
+    ) -> AllocationInfo:
+        """Raises NotFound for an unknown profile, before anything is stored.
+        ``by`` is kept with the allocation as its creator."""
         if spec.profile:
             self.profiles.get(spec.profile)
-        return await self.allocations.create(key, spec)
+        return await self.allocations.create(key, spec, created_by=by.name if by else "")
 
     async def get_allocation(self, ident: str) -> AllocationInfo:
         return await self.allocations.get(ident)
@@ -181,7 +189,16 @@ class Fleet:
     async def list_allocations(self, *, include_released: bool = False) -> list[AllocationInfo]:
         return await self.allocations.query(include_released=include_released)
 
-    async def release(self, ident: str) -> AllocationInfo:
+    async def release(self, ident: str, *, by: Caller | None = None) -> AllocationInfo:
+        """Raises PermissionDenied when a provisioner releases another's allocation."""
+        if by is not None and by.role is Role.PROVISIONER:
+            owner = (await self.allocations.get(ident)).created_by
+            if owner != by.name:
+                raise PermissionDenied(
+                    f"provisioner {by.name!r} may release only its own allocations "
+                    f"(this one was created by {owner or 'nobody known'!r}); "
+                    "releasing others' needs role operator or admin"
+                )
         allocation = await self.allocations.release(ident)
         self.lifecycle.wake()
         return allocation
@@ -190,6 +207,53 @@ class Fleet:
         self, after_seq: int = 0, *, follow: bool = True, node: str = "", allocation: str = ""
     ) -> AsyncIterator[EventInfo]:
         return self.events.watch(after_seq, follow=follow, node=node, allocation=allocation)
+
+    # -- identity and audit ------------------------------------------------------
+
+    async def authenticate(self, token: str) -> Caller:
+        """The caller a bearer token stands for. Raises Unauthenticated."""
+        return await self.tokens.authenticate(token)
+
+    async def create_token(
+        self, name: str, role: str, *, ttl_s: float = 0.0, by: Caller
+    ) -> tuple[TokenInfo, str]:
+        """A new operator token and its secret (returned this once)."""
+        return await self.tokens.create(name, role, ttl_s=ttl_s, by=by)
+
+    async def list_tokens(self, *, include_revoked: bool = False) -> list[TokenInfo]:
+        return await self.tokens.list(include_revoked=include_revoked)
+
+    async def revoke_token(self, name: str, *, by: Caller) -> TokenInfo:
+        return await self.tokens.revoke(name, by=by)
+
+    async def issue_agent_token(self, node: str, *, by: Caller) -> str:
+        """A token that registers ``node`` only (replacing its last). Raises NotFound."""
+        await self.nodes.get(node)
+        return await self.tokens.issue_agent_token(node, by=by)
+
+    async def record_audit(self, entry: AuditEntry) -> None:
+        await self.audit.record(entry)
+
+    async def list_audit(
+        self, *, since: float = 0.0, who: str = "", method: str = "", limit: int = 0
+    ) -> list[AuditEntry]:
+        return await self.audit.query(since=since, who=who, method=method, limit=limit)
+
+    async def bootstrap_admin(self) -> str | None:
+        """An admin token when the fleet has no usable one; its secret, or None."""
+        secret = await self.tokens.ensure_admin()
+        if secret is not None:
+            await self.audit.record(
+                AuditEntry(
+                    who=SYSTEM.name,
+                    role=SYSTEM.role,
+                    via=SYSTEM.via,
+                    method="BootstrapAdminToken",
+                    arguments={"name": "bootstrap-admin", "role": "admin"},
+                    code="OK",
+                )
+            )
+        return secret
 
     # -- agents ----------------------------------------------------------------
 

@@ -25,3 +25,4 @@ class EventKind(StrEnum):
     ALLOCATION_DEGRADED = "allocation.degraded"
     ALLOCATION_RELEASED = "allocation.released"
     POLICY_ACTION = "policy.action"
+    AUDIT_CALL = "audit.call"

@@ -123,6 +123,7 @@ class AllocationInfo:
     domains: tuple[str, ...]
     created_at: float
     updated_at: float
+    created_by: str = ""
 
 
 @dataclass(frozen=True)

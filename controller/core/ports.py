@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
 from controller.core.health import HealthReport
+from controller.core.identity import TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
@@ -110,6 +111,45 @@ class EventRepository(Protocol):
         """Every event of ``kind`` recorded at or after ``since_at``, oldest first."""
         ...
 
+    def latest(
+        self,
+        kind: EventKind,
+        *,
+        since_at: float = 0.0,
+        limit: int = 500,
+        where: Callable[[EventInfo], bool] | None = None,
+    ) -> list[EventInfo]:
+        """The newest ``limit`` events of ``kind`` recorded at or after
+        ``since_at`` that ``where`` accepts (all, without it), oldest first.
+
+        Reads newest first and stops at ``limit`` matches.
+        """
+        ...
+
+
+class TokenRepository(Protocol):
+    """Bearer tokens: operators' (by name) and agents' (one per node)."""
+
+    def get(self, token_id: str) -> TokenRecord | None: ...
+
+    def by_name(self, name: str) -> TokenRecord | None: ...
+
+    def find(self, *, include_revoked: bool = False) -> list[TokenRecord]:
+        """Tokens by name."""
+        ...
+
+    def add(self, token: TokenRecord) -> None:
+        """Store a new token. Raises DuplicateKey when its id or name is taken."""
+        ...
+
+    def save(self, token: TokenRecord) -> None:
+        """Write back a token read in this transaction."""
+        ...
+
+    def delete(self, token_id: str) -> None:
+        """Forget a token (a no-op when there is none)."""
+        ...
+
 
 class Tx(Protocol):
     """One transaction's view of the store."""
@@ -122,6 +162,9 @@ class Tx(Protocol):
 
     @property
     def events(self) -> EventRepository: ...
+
+    @property
+    def tokens(self) -> TokenRepository: ...
 
 
 class Store(Protocol):

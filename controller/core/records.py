@@ -73,6 +73,7 @@ class AllocationRecord:
     submitted: int = 0  # queue order
     created_at: float = 0.0
     updated_at: float = 0.0
+    created_by: str = ""  # the identity that asked for it ("": before identities)
 
     @property
     def members(self) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 from controller.core.errors import InvalidArgument
 from controller.core.kinds import EventKind
 
-__all__ = ["EVENT_SCHEMA", "KIND_PATTERN", "Event", "EventKind"]
+__all__ = ["AUDIT_CALL_DATA_SCHEMA", "EVENT_SCHEMA", "KIND_PATTERN", "Event", "EventKind"]
 
 KIND_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$"
 
@@ -49,6 +49,39 @@ EVENT_SCHEMA: dict[str, Any] = {
         "data": {"type": "object", "description": "Kind-specific details."},
     },
 }
+
+_TEXT: dict[str, Any] = {"type": "string"}
+
+AUDIT_CALL_DATA_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "urn:kiln:schema:v1:event:audit.call:data",
+    "title": "Kiln audit.call event data",
+    "type": "object",
+    "additionalProperties": False,
+    "required": [
+        "who",
+        "role",
+        "via",
+        "subject",
+        "method",
+        "arguments",
+        "code",
+        "detail",
+        "peer",
+    ],
+    "properties": {
+        "who": {**_TEXT, "minLength": 1, "description": "Token, certificate or node name."},
+        "role": {"enum": ["viewer", "operator", "provisioner", "admin", "agent", "-"]},
+        "via": {"enum": ["token", "certificate", "none", "-"]},
+        "subject": _TEXT,
+        "method": {**_TEXT, "minLength": 1, "description": "The RPC, e.g. PowerNode."},
+        "arguments": {"type": "object", "description": "The request, secrets redacted."},
+        "code": {"type": "string", "pattern": "^[A-Z_]+$"},
+        "detail": {**_TEXT, "maxLength": 200},
+        "peer": _TEXT,
+    },
+}
+"""The ``data`` of an ``audit.call`` event (docs/events.md)."""
 
 
 @dataclass(frozen=True, slots=True)

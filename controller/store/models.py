@@ -75,6 +75,7 @@ class AllocationRow(SQLModel, table=True):
     submitted: int = 0
     created_at: float = 0.0
     updated_at: float = 0.0
+    created_by: str = ""  # the caller's identity (a provisioner releases only its own)
 
 
 class EventRow(SQLModel, table=True):
@@ -89,3 +90,20 @@ class EventRow(SQLModel, table=True):
     reason: str = ""
     data_json: str = "{}"
     published: bool = Field(default=False, index=True)
+
+
+class TokenRow(SQLModel, table=True):
+    """A bearer token: its public id, never its secret, only a salted hash of it."""
+
+    __tablename__ = "tokens"
+
+    id: str = Field(primary_key=True)  # the kiln.<id>.… prefix a token is looked up by
+    name: str = Field(unique=True, index=True)
+    role: str
+    secret_hash: str  # scrypt$N$r$p$salt$hash
+    node: str = Field(default="", index=True)  # agent tokens: the node it may register
+    created_at: float = 0.0
+    expires_at: float = 0.0
+    created_by: str = ""
+    last_used_at: float = 0.0
+    revoked_at: float = 0.0

@@ -12,17 +12,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select, update
 
 from controller.core.health import GpuHealth, HealthReport
+from controller.core.identity import Role, TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState, PowerState
-from controller.store.models import AllocationRow, EventRow, GpuRow, NodeRow
+from controller.store.models import AllocationRow, EventRow, GpuRow, NodeRow, TokenRow
 from controller.store.secrets import SecretBox
 
 # -- JSON columns --------------------------------------------------------------
@@ -127,6 +128,7 @@ def allocation_record(row: AllocationRow) -> AllocationRecord:
         submitted=row.submitted,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        created_by=row.created_by,
     )
 
 
@@ -143,6 +145,7 @@ def _copy_allocation(alloc: AllocationRecord, row: AllocationRow) -> None:
     row.submitted = alloc.submitted
     row.created_at = alloc.created_at
     row.updated_at = alloc.updated_at
+    row.created_by = alloc.created_by
 
 
 _EVENT_PLAIN = tuple(f.name for f in dataclasses.fields(EventInfo) if f.name not in ("seq", "data"))
@@ -154,6 +157,19 @@ def event_info(row: EventRow) -> EventInfo:
         data=json.loads(row.data_json or "{}"),
         **{name: getattr(row, name) for name in _EVENT_PLAIN},
     )
+
+
+_TOKEN_PLAIN = tuple(f.name for f in dataclasses.fields(TokenRecord) if f.name != "role")
+
+
+def token_record(row: TokenRow) -> TokenRecord:
+    return TokenRecord(role=Role(row.role), **{name: getattr(row, name) for name in _TOKEN_PLAIN})
+
+
+def _copy_token(token: TokenRecord, row: TokenRow) -> None:
+    for name in _TOKEN_PLAIN:
+        setattr(row, name, getattr(token, name))
+    row.role = token.role.value
 
 
 # -- repositories -----------------------------------------------------------------
@@ -305,6 +321,30 @@ class SqlEvents:
         )
         return [event_info(r) for r in self._session.exec(stmt)]
 
+    def latest(
+        self,
+        kind: EventKind,
+        *,
+        since_at: float = 0.0,
+        limit: int = 500,
+        where: Callable[[EventInfo], bool] | None = None,
+    ) -> list[EventInfo]:
+        stmt = (
+            select(EventRow)
+            .where(EventRow.kind == str(kind), col(EventRow.at) >= since_at)
+            .order_by(col(EventRow.seq).desc())
+            .execution_options(yield_per=200)
+        )
+        found: list[EventInfo] = []
+        for row in self._session.exec(stmt):
+            event = event_info(row)
+            if where is None or where(event):
+                found.append(event)
+                if len(found) >= limit:
+                    break
+        found.reverse()
+        return found
+
     def unpublished(self, limit: int) -> list[EventRow]:
         stmt = (
             select(EventRow)
@@ -318,3 +358,41 @@ class SqlEvents:
         self._session.exec(  # type: ignore[call-overload]
             update(EventRow).where(col(EventRow.seq).in_(list(seqs))).values(published=True)
         )
+
+
+class SqlTokens:
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def get(self, token_id: str) -> TokenRecord | None:
+        row = self._session.get(TokenRow, token_id)
+        return token_record(row) if row is not None else None
+
+    def by_name(self, name: str) -> TokenRecord | None:
+        row = self._session.exec(select(TokenRow).where(TokenRow.name == name)).first()
+        return token_record(row) if row is not None else None
+
+    def find(self, *, include_revoked: bool = False) -> list[TokenRecord]:
+        stmt = select(TokenRow).order_by(col(TokenRow.name))
+        if not include_revoked:
+            stmt = stmt.where(TokenRow.revoked_at == 0)
+        return [token_record(r) for r in self._session.exec(stmt)]
+
+    def add(self, token: TokenRecord) -> None:
+        row = TokenRow(id=token.id, name=token.name, role=token.role.value, secret_hash="")
+        _copy_token(token, row)
+        self._session.add(row)
+        self._session.flush()
+
+    def save(self, token: TokenRecord) -> None:
+        row = self._session.get(TokenRow, token.id)
+        if row is None:
+            raise KeyError(f"token {token.name!r} was never added")
+        _copy_token(token, row)
+        self._session.add(row)
+
+    def delete(self, token_id: str) -> None:
+        row = self._session.get(TokenRow, token_id)
+        if row is not None:
+            self._session.delete(row)
+            self._session.flush()

@@ -19,20 +19,21 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from controller.core.errors import DuplicateKey
-from controller.store.repositories import SqlAllocations, SqlEvents, SqlNodes
+from controller.store.repositories import SqlAllocations, SqlEvents, SqlNodes, SqlTokens
 from controller.store.secrets import SecretBox
 
 T = TypeVar("T")
 
 
 class SqlTx:
-    """One transaction: the three repositories over one ``Session``."""
+    """One transaction: the repositories over one ``Session``."""
 
     def __init__(self, session: Session, secrets: SecretBox) -> None:
         self.session = session
         self._nodes = SqlNodes(session, secrets)
         self._allocations = SqlAllocations(session)
         self._events = SqlEvents(session)
+        self._tokens = SqlTokens(session)
 
     @property
     def nodes(self) -> SqlNodes:
@@ -45,6 +46,10 @@ class SqlTx:
     @property
     def events(self) -> SqlEvents:
         return self._events
+
+    @property
+    def tokens(self) -> SqlTokens:
+        return self._tokens
 
 
 class SqlStore:

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from controller.core.errors import DuplicateKey
 from controller.core.health import HealthReport
+from controller.core.identity import TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
@@ -31,6 +32,7 @@ class _State:
     gpus: dict[str, list[GpuInfo]] = field(default_factory=dict)
     allocations: dict[str, AllocationRecord] = field(default_factory=dict)
     events: list[EventInfo] = field(default_factory=list)
+    tokens: dict[str, TokenRecord] = field(default_factory=dict)
 
 
 class MemoryNodes:
@@ -159,12 +161,54 @@ class MemoryEvents:
     def recent(self, kind: EventKind, since_at: float) -> list[EventInfo]:
         return [replace(e) for e in self._s.events if e.kind == kind and e.at >= since_at]
 
+    def latest(
+        self,
+        kind: EventKind,
+        *,
+        since_at: float = 0.0,
+        limit: int = 500,
+        where: Callable[[EventInfo], bool] | None = None,
+    ) -> list[EventInfo]:
+        found = [replace(e) for e in self.recent(kind, since_at) if where is None or where(e)]
+        return found[-limit:] if limit > 0 else []
+
+
+class MemoryTokens:
+    def __init__(self, state: _State) -> None:
+        self._s = state
+
+    def get(self, token_id: str) -> TokenRecord | None:
+        token = self._s.tokens.get(token_id)
+        return copy.deepcopy(token) if token is not None else None
+
+    def by_name(self, name: str) -> TokenRecord | None:
+        found = [t for t in self._s.tokens.values() if t.name == name]
+        return copy.deepcopy(found[0]) if found else None
+
+    def find(self, *, include_revoked: bool = False) -> list[TokenRecord]:
+        tokens = sorted(self._s.tokens.values(), key=lambda t: t.name)
+        return [copy.deepcopy(t) for t in tokens if include_revoked or not t.revoked]
+
+    def add(self, token: TokenRecord) -> None:
+        if token.id in self._s.tokens or self.by_name(token.name) is not None:
+            raise DuplicateKey(f"token {token.name} exists")
+        self._s.tokens[token.id] = copy.deepcopy(token)
+
+    def save(self, token: TokenRecord) -> None:
+        if token.id not in self._s.tokens:
+            raise KeyError(token.id)
+        self._s.tokens[token.id] = copy.deepcopy(token)
+
+    def delete(self, token_id: str) -> None:
+        self._s.tokens.pop(token_id, None)
+
 
 class MemoryTx:
     def __init__(self, state: _State) -> None:
         self.nodes = MemoryNodes(state)
         self.allocations = MemoryAllocations(state)
         self.events = MemoryEvents(state)
+        self.tokens = MemoryTokens(state)
 
 
 class MemoryStore:

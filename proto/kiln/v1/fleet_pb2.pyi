@@ -272,7 +272,7 @@ class AllocationSpec(_message.Message):
     def __init__(self, nodes: _Optional[int] = ..., racks: _Optional[int] = ..., gpu_model: _Optional[str] = ..., topology: _Optional[_Union[TopologyLevel, str]] = ..., preferred: _Optional[bool] = ..., segment: _Optional[int] = ..., spares_per_domain: _Optional[int] = ..., exclusive: _Optional[bool] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., profile: _Optional[str] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("id", "key", "spec", "state", "reason", "nodes", "spares", "domains", "created_at", "updated_at")
+    __slots__ = ("id", "key", "spec", "state", "reason", "nodes", "spares", "domains", "created_at", "updated_at", "created_by")
     ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,7 @@ class Allocation(_message.Message):
     DOMAINS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
     id: str
     key: str
     spec: AllocationSpec
@@ -293,7 +294,8 @@ class Allocation(_message.Message):
     domains: _containers.RepeatedScalarFieldContainer[str]
     created_at: float
     updated_at: float
-    def __init__(self, id: _Optional[str] = ..., key: _Optional[str] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., state: _Optional[_Union[AllocationState, str]] = ..., reason: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., spares: _Optional[_Iterable[str]] = ..., domains: _Optional[_Iterable[str]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
+    created_by: str
+    def __init__(self, id: _Optional[str] = ..., key: _Optional[str] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., state: _Optional[_Union[AllocationState, str]] = ..., reason: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., spares: _Optional[_Iterable[str]] = ..., domains: _Optional[_Iterable[str]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., created_by: _Optional[str] = ...) -> None: ...
 
 class CreateAllocationRequest(_message.Message):
     __slots__ = ("key", "spec")
