@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+_U64_MAX = 2**64 - 1  # the report's uint64 fields
 _NVLINK_COUNTERS = (
     pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
     pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
@@ -361,7 +362,7 @@ class HealthSampler:
                     "nvlink error counters",
                     partial(self._nvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter),
                 )
-                errors += int(n or 0)
+                errors = min(errors + int(n or 0), _U64_MAX)  # a sum of 64-bit counters
             link += 1
         self._links[index] = link if links is None else links
         return down, errors

@@ -10,6 +10,7 @@ their arguments are listed in :data:`FAULT_KINDS` and docs/gpu-profiles.md.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,70 @@ FAULT_KINDS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+# What NVML itself can report, so that a fault shows through the fake only as
+# something a real GPU could: NaN or 1e308 degrees cannot come out of NVML.
+INT32 = (-(2**31), 2**31 - 1)  # nvmlTemperature_t.temperature is a C int (°C)
+U32_MAX = 2**32 - 1  # XID codes, pids, link numbers, recovery actions
+U64_MAX = 2**64 - 1  # ECC, row-remap and NVLink error counters
+MAX_POWER_W = U32_MAX / 1000  # nvmlDeviceGetPowerUsage: unsigned milliwatts
+
+
+def _whole(name: str, value: object, low: int = 0, high: int = U32_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a whole number, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be from {low} to {high}")
+    return value
+
+
+def _count(name: str, value: object) -> int:
+    """An error count to add: a whole number a 64-bit NVML counter can hold."""
+    return _whole(name, value, 0, U64_MAX)
+
+
+def _number(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, not {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or not low <= number <= high:
+        raise ValueError(f"{name} must be a finite number from {low:g} to {high:g}")
+    return number
+
+
+def _temperature(name: str, value: object) -> float:
+    """A temperature NVML can report: whole degrees in a C int."""
+    return _number(name, value, *INT32)
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false")
+    return value
+
+
+# Each argument's check, run by ``apply_fault`` before the fault is applied.
+_ARG_CHECKS: Mapping[str, Callable[[str, object], object]] = {
+    "gpu": _whole,
+    "link": _whole,
+    "code": _whole,
+    "pid": _whole,
+    "action": _whole,
+    "recovery_action": _whole,
+    "target_c": _temperature,
+    "rate_c_per_s": lambda n, v: _number(n, v, 1e-9, 1e9),
+    "watts": lambda n, v: _number(n, v, 0.0, MAX_POWER_W),
+    "pending": _flag,
+    "failure": _flag,
+    **dict.fromkeys(("sbe", "dbe", "correctable", "uncorrectable"), _count),
+    **dict.fromkeys(("crc", "replay", "recovery"), _count),
+}
+
+
+def _added(counter: int, n: int) -> int:
+    """``counter + n``, saturating as NVML's 64-bit counters do not overflow."""
+    return min(U64_MAX, counter + n)
+
+
 class FaultInjector:
     """Injects hardware faults into one fake node. Thread-safe; never blocks long."""
 
@@ -68,24 +133,30 @@ class FaultInjector:
 
     # -- faults ------------------------------------------------------------------
     def heat(self, gpu: int, target_c: float, rate_c_per_s: float = 5.0) -> None:
-        """Ramp GPU ``gpu`` linearly from its current temperature to ``target_c``."""
-        if rate_c_per_s <= 0:
-            raise ValueError("rate_c_per_s must be positive")
+        """Ramp GPU ``gpu`` linearly from its current temperature to ``target_c``.
+
+        Raises ValueError for a target NVML could not report (not finite, or
+        beyond a C int) or a rate that is not a positive finite number.
+        """
+        target = _temperature("target_c", target_c)
+        rate = _number("rate_c_per_s", rate_c_per_s, 1e-9, 1e9)
         with self._fake._lock:
             g = self._state(gpu)
             now = self._fake.clock()
-            g.heat = fs.HeatCurve(g.heat.at(now), float(target_c), float(rate_c_per_s), now)
+            g.heat = fs.HeatCurve(g.heat.at(now), target, rate, now)
 
     def ecc(self, gpu: int, sbe: int = 0, dbe: int = 0) -> None:
         """Add ECC errors (volatile and aggregate); a DBE also raises XID 48."""
         if sbe < 0 or dbe < 0:
             raise ValueError("ECC counts must be non-negative")
+        _count("sbe", sbe)
+        _count("dbe", dbe)
         with self._fake._lock:
             g = self._state(gpu)
-            g.sbe_volatile += sbe
-            g.sbe_aggregate += sbe
-            g.dbe_volatile += dbe
-            g.dbe_aggregate += dbe
+            g.sbe_volatile = _added(g.sbe_volatile, sbe)
+            g.sbe_aggregate = _added(g.sbe_aggregate, sbe)
+            g.dbe_volatile = _added(g.dbe_volatile, dbe)
+            g.dbe_aggregate = _added(g.dbe_aggregate, dbe)
         if sbe:
             self._fake._emit(gpu, pynvml.nvmlEventTypeSingleBitEccError, sbe)
         if dbe:
@@ -101,10 +172,12 @@ class FaultInjector:
         uncorrectable: int = 1,
     ) -> None:
         """Record remapped rows; ``pending`` needs a GPU reset, ``failure`` means no spare rows."""
+        _count("correctable", correctable)
+        _count("uncorrectable", uncorrectable)
         with self._fake._lock:
             g = self._state(gpu)
-            g.remap_correctable += correctable
-            g.remap_uncorrectable += uncorrectable
+            g.remap_correctable = _added(g.remap_correctable, correctable)
+            g.remap_uncorrectable = _added(g.remap_uncorrectable, uncorrectable)
             g.remap_pending = g.remap_pending or pending
             g.remap_failure = g.remap_failure or failure
             if pending:
@@ -142,12 +215,15 @@ class FaultInjector:
                 raise ValueError(f"GPU {gpu} has links 0..{g.part.nvlinks - 1}, not {link}")
             g.nvlink_down.add(link)
             key = (link, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY)
-            g.nvlink_errors[key] = g.nvlink_errors.get(key, 0) + 1
+            g.nvlink_errors[key] = _added(g.nvlink_errors.get(key, 0), 1)
 
     def nvlink_errors(
         self, gpu: int, link: int, crc: int = 0, replay: int = 0, recovery: int = 0
     ) -> None:
         """Add NVLink error counts on one link (CRC data, replay, recovery)."""
+        _count("crc", crc)
+        _count("replay", replay)
+        _count("recovery", recovery)
         with self._fake._lock:
             g = self._state(gpu)
             if not 0 <= link < g.part.nvlinks:
@@ -157,7 +233,9 @@ class FaultInjector:
                 (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, replay),
                 (pynvml.NVML_NVLINK_ERROR_DL_RECOVERY, recovery),
             ):
-                g.nvlink_errors[(link, counter)] = g.nvlink_errors.get((link, counter), 0) + n
+                g.nvlink_errors[(link, counter)] = _added(
+                    g.nvlink_errors.get((link, counter), 0), n
+                )
 
     def fabric_degraded(self, gpu: int) -> None:
         """Mark the GPU's fabric health degraded (multi-node NVLink parts only show it)."""
@@ -166,8 +244,9 @@ class FaultInjector:
 
     def power_draw(self, gpu: int, watts: float) -> None:
         """Force the GPU's power draw; above the limit it is capped and SwPowerCap is set."""
+        draw = _number("watts", watts, 0.0, MAX_POWER_W)
         with self._fake._lock:
-            self._state(gpu).power_draw_w = float(watts)
+            self._state(gpu).power_draw_w = draw
 
     def recovery_action(self, gpu: int, action: int) -> None:
         """Set the recovery-action field (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)."""
@@ -260,7 +339,8 @@ class FaultInjector:
         """Apply one fault described as a dict, e.g. ``{"kind": "heat", "gpu": 0, "target_c": 95}``.
 
         Returns a one-line description of what was applied. Raises ValueError
-        for an unknown kind, missing or unexpected arguments.
+        for an unknown kind, missing or unexpected arguments, or an argument of
+        the wrong type or beyond what NVML could report (``_ARG_CHECKS``).
         """
         kind = spec.get("kind")
         if not isinstance(kind, str) or kind not in FAULT_KINDS:
@@ -275,6 +355,11 @@ class FaultInjector:
             raise ValueError(f"fault {kind!r} needs {', '.join(missing)}")
         if extra:
             raise ValueError(f"fault {kind!r} does not take {', '.join(extra)}")
+        for name, value in args.items():
+            try:
+                _ARG_CHECKS[name](name, value)
+            except ValueError as e:
+                raise ValueError(f"fault {kind!r}: {e}") from None
         method: Callable[..., None] = getattr(self, kind)
         try:
             method(**args)

@@ -21,7 +21,7 @@ from controller.api import convert
 from controller.api.errors import message_for, status_for
 from controller.api.peer_identity import authorize_node, certificate_names
 from controller.core.agents import AgentSession
-from controller.core.errors import KilnError
+from controller.core.errors import InvalidArgument, KilnError
 from controller.core.fleet import Fleet
 from controller.core.model import AgentCommand, CommandOutcome
 from kiln.v1 import agent_pb2, agent_pb2_grpc
@@ -51,18 +51,21 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         request_iterator: AsyncIterator[agent_pb2.AgentMessage],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[agent_pb2.ControllerMessage]:
-        first = await anext(aiter(request_iterator), None)
-        if first is None or first.WhichOneof("body") != "register":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be register")
-            return
-        reg = first.register
         try:
+            first = await anext(aiter(request_iterator), None)
+            if first is None or first.WhichOneof("body") != "register":
+                raise InvalidArgument("first message must be register")
+            reg = first.register
             authorize_node(certificate_names(context.auth_context()), reg.node_name)
             session = await self._fleet.agent_connected(
                 reg.node_name, [convert.gpu_from_pb(g) for g in reg.gpus], reg.applied_profile
             )
         except KilnError as e:
             await context.abort(status_for(e), message_for(e))
+            return
+        except Exception:  # never a store's or a library's text to the client
+            log.exception("agent registration failed")
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error registering the agent")
             return
         yield agent_pb2.ControllerMessage(
             registered=agent_pb2.Registered(
@@ -81,16 +84,23 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 yield command_pb(command_id, command)
         finally:
             reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            refused = (await asyncio.gather(reader, return_exceptions=True))[0]
             await self._fleet.agent_disconnected(session)
+        if isinstance(refused, KilnError):
+            await context.abort(status_for(refused), message_for(refused))
 
     async def _read(
         self, session: AgentSession, messages: AsyncIterator[agent_pb2.AgentMessage]
-    ) -> None:
+    ) -> KilnError | None:
+        """Hand the agent's reports to the Fleet until the stream ends.
+
+        Returns the refusal that ends the stream (a malformed or oversized
+        message, checked by ``controller.api.limits``), else None.
+        """
         try:
             async for msg in messages:
                 if session.closed:
-                    return
+                    return None
                 body = msg.WhichOneof("body")
                 if body == "health":
                     await self._fleet.agent_health(session.node, convert.health_from_pb(msg.health))
@@ -106,7 +116,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                             message=r.message,
                         ),
                     )
+        except KilnError as e:
+            log.warning("node %s: agent stream refused: %s", session.node, message_for(e))
+            return e
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
-            return
+            return None
         except Exception:
             log.exception("node %s: agent stream failed", session.node)
+            return KilnError("internal error on the agent stream")  # INTERNAL, no detail
+        return None

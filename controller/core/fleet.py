@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ from controller.core.model import (
     PowerScope,
     RackInfo,
 )
-from controller.core.nodes import Nodes
+from controller.core.nodes import Nodes, validate_gpus
 from controller.core.ports import BmcGateway, Store
 from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
@@ -49,6 +50,18 @@ from controller.placement import (
 from controller.policies import PolicyEngine, RuleSet, load_default_rules
 
 log = logging.getLogger(__name__)
+
+
+def _not_a_number(constant: str) -> object:
+    """``json.loads`` takes NaN and Infinity, which JSON itself does not."""
+    raise InvalidArgument(f"fault JSON holds {constant}, which is not a number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999
+        raise InvalidArgument(f"fault JSON holds {text[:64]}, which is not a finite number")
+    return value
 
 
 class TopologyFormat(enum.StrEnum):
@@ -260,7 +273,10 @@ class Fleet:
     async def agent_connected(
         self, node: str, gpus: Sequence[GpuInfo], applied_profile: str
     ) -> AgentSession:
-        """Register a node's agent. Raises NotFound for a node never enrolled."""
+        """Register a node's agent. Raises NotFound for a node never enrolled,
+        InvalidArgument for a malformed GPU inventory (before the node's
+        current agent, if any, is replaced)."""
+        validate_gpus(gpus)
         await self.nodes.get(node)
         session = self.agents.attach(node)
         try:
@@ -293,9 +309,11 @@ class Fleet:
     async def inject_fault(self, node: str, fault_json: str) -> CommandOutcome:
         """Forward a fault to a simulated node's fake NVML (simulated fleets only)."""
         try:
-            fault = json.loads(fault_json)
+            fault = json.loads(fault_json, parse_constant=_not_a_number, parse_float=_finite)
         except json.JSONDecodeError as e:
             raise InvalidArgument(f"fault is not valid JSON: {e.msg}") from e
+        except RecursionError as e:
+            raise InvalidArgument("fault JSON is nested too deeply") from e
         if not isinstance(fault, dict) or "kind" not in fault:
             raise InvalidArgument('a fault is a JSON object with a "kind"')
         await self.nodes.get(node)

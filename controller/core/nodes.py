@@ -33,13 +33,63 @@ log = logging.getLogger(__name__)
 POWER_ACTIONS = ("status", "on", "off", "force_off", "cycle", "restart")
 BMC_UNREACHABLE = "unreachable"  # ``BmcGateway.health``: the breaker is open
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+NAME_MAX = 63
+SHOWN_MAX = 64  # characters of a refused value quoted back in a message
+MAX_GPUS_PER_NODE = 64
+MAX_GPU_MEMORY_MIB = 2**31 - 1  # 2 PiB: beyond any GPU; a signed 32-bit count
+MAX_PCI_DEVICE_ID = 2**31 - 1  # NVIDIA's device ids (the high 16 bits) are below 0x8000
+
+
+def shown(value: str) -> str:
+    """``value`` quoted for a message, cut to its first SHOWN_MAX characters."""
+    if len(value) <= SHOWN_MAX:
+        return repr(value)
+    return f"{value[:SHOWN_MAX]!r}… ({len(value)} characters)"
 
 
 def validate_name(kind: str, name: str) -> None:
-    if not name or len(name) > 63 or not set(name) <= NAME_CHARS or name[0] in "-.":
+    """Node, rack, leaf, spine, queue and GPU model names: 1-63 letters,
+    digits, '-', '_' or '.', not starting with '-' or '.'.
+
+    Raises InvalidArgument quoting at most the first 64 characters of ``name``.
+    """
+    if not name or len(name) > NAME_MAX or not set(name) <= NAME_CHARS or name[0] in "-.":
         raise InvalidArgument(
-            f"{kind} name {name!r} is invalid: use 1-63 letters, digits, '-', '_' or '.'"
+            f"{kind} name {shown(name)} is invalid: "
+            f"use 1-{NAME_MAX} letters, digits, '-', '_' or '.'"
         )
+
+
+def validate_gpus(gpus: Sequence[GpuInfo]) -> None:
+    """Check the GPU inventory an agent registers, before anything is stored.
+
+    Raises InvalidArgument: more than MAX_GPUS_PER_NODE GPUs, an index out of
+    range or twice, a number out of range, a model whose short name is not a
+    valid name, or an NVLink clique that is not one.
+    """
+    if len(gpus) > MAX_GPUS_PER_NODE:
+        raise InvalidArgument(f"a node has at most {MAX_GPUS_PER_NODE} GPUs, not {len(gpus)}")
+    seen: set[int] = set()
+    for g in gpus:
+        if not 0 <= g.index < MAX_GPUS_PER_NODE:
+            raise InvalidArgument(f"GPU index {g.index} is out of range 0-{MAX_GPUS_PER_NODE - 1}")
+        if g.index in seen:
+            raise InvalidArgument(f"GPU index {g.index} is registered twice")
+        seen.add(g.index)
+        if not 0 <= g.memory_mib <= MAX_GPU_MEMORY_MIB:
+            raise InvalidArgument(
+                f"GPU {g.index}: memory_mib {g.memory_mib} is out of range 0-{MAX_GPU_MEMORY_MIB}"
+            )
+        if not 0 <= g.pci_device_id <= MAX_PCI_DEVICE_ID:
+            raise InvalidArgument(
+                f"GPU {g.index}: pci_device_id {g.pci_device_id} is out of range "
+                f"0-{MAX_PCI_DEVICE_ID}"
+            )
+        if not g.model.isprintable():
+            raise InvalidArgument(f"GPU {g.index}: model {shown(g.model)} has control characters")
+        validate_name(f"GPU {g.index} model", short_gpu_model(g.model))
+        if g.clique:
+            validate_name(f"GPU {g.index} NVLink clique", g.clique)
 
 
 def held_back(node: NodeRecord) -> str:
@@ -179,8 +229,9 @@ class Nodes:
             InvalidArgument: bad name, BMC URL or credentials.
         """
         validate_name("node", spec.name)
-        if spec.rack:
-            validate_name("rack", spec.rack)
+        for kind, label in (("rack", spec.rack), ("leaf", spec.leaf), ("spine", spec.spine)):
+            if label:
+                validate_name(kind, label)
         if not spec.username:
             raise InvalidArgument("a BMC username is required")
         return self._bmc.validate_target(spec.bmc_url, spec.username, spec.password)
@@ -395,7 +446,10 @@ class Nodes:
 
         Raises:
             NotFound: the agent names a node that was never enrolled.
+            InvalidArgument: the inventory is malformed (``validate_gpus``);
+                nothing is stored.
         """
+        validate_gpus(gpus)
 
         def write(tx: Tx) -> None:
             node = load_node(tx, name)

@@ -10,19 +10,48 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from collections.abc import Callable
 from typing import TypeVar
 
 from cryptography.fernet import Fernet
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlmodel import Session
 
-from controller.core.errors import DuplicateKey
+from controller.core.errors import DuplicateKey, KilnError, Unavailable
 from controller.store.repositories import SqlAllocations, SqlEvents, SqlNodes, SqlTokens
 from controller.store.secrets import SecretBox
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class StoreFailed(KilnError):
+    """The database refused or failed a unit of work for a reason that is not
+    the caller's (INTERNAL): the client is told no more than that; the log has
+    the driver's one-line message (never the statement or its parameters)."""
+
+    template = "the database could not complete the request; see the controller's log"
+
+
+class StoreUnavailable(Unavailable):
+    template = "the database cannot be reached right now"
+
+
+def _store_error(error: Exception) -> KilnError:
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return StoreUnavailable()
+    log.error("database call failed: %s", _first_line(error))
+    return StoreFailed()
+
+
+def _first_line(error: Exception) -> str:
+    """The driver's own message, its first line only: PostgreSQL's next lines
+    and SQLAlchemy's ``[SQL: …]`` quote the statement."""
+    original = getattr(error, "orig", None) or error
+    lines = str(original).strip().splitlines()
+    return f"{type(original).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 class SqlTx:
@@ -88,6 +117,9 @@ class SqlStore:
                 session.rollback()
                 # Never the statement's parameters: they hold sealed secrets.
                 raise DuplicateKey("another write stored a record with the same key first") from e
+            except (SQLAlchemyError, OverflowError) as e:  # sqlite3 raises OverflowError
+                session.rollback()  # unwrapped for an integer past 64 bits
+                raise _store_error(e) from e
             return result, tx.events.added
 
     async def tx(self, fn: Callable[[SqlTx], T]) -> T:

@@ -1,0 +1,69 @@
+"""A database failure that is not the caller's reaches the core as one of Kiln's
+errors with a generic message: never the SQL statement, its parameters (sealed
+secrets among them) or the driver's text, which go to the log as one line."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel
+
+from controller.api.errors import status_for
+from controller.core.records import NodeRecord
+from controller.store.engine import default_sqlite_url, open_engine
+from controller.store.models import GpuRow
+from controller.store.sql_store import SqlStore, SqlTx, StoreFailed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        url = default_sqlite_url(tmp_path)
+    else:
+        url = request.getfixturevalue("postgres_url")
+    eng = open_engine(url)
+    yield eng
+    if request.param == "postgresql":
+        SQLModel.metadata.drop_all(eng)
+        with eng.begin() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+    eng.dispose()
+
+
+def broken_sql(tx: SqlTx) -> None:
+    tx.session.execute(text("SELEC 'the statement'"))
+
+
+def oversized_gpu(tx: SqlTx) -> None:
+    tx.nodes.add(NodeRecord(name="n1", bmc_url="fake://n1"), "sealed-secret-pw")
+    tx.session.flush()
+    tx.session.add(GpuRow(node="n1", index=0, memory_mib=2**63))
+
+
+@pytest.mark.parametrize("work", [broken_sql, oversized_gpu], ids=["bad-sql", "int-past-64-bits"])
+async def test_a_failed_unit_of_work_says_nothing_of_the_database(
+    engine: Engine, work: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SqlStore(engine)
+    try:
+        with caplog.at_level(logging.ERROR, logger="controller.store.sql_store"):
+            with pytest.raises(StoreFailed) as e:
+                await store.tx(work)  # type: ignore[arg-type]
+        assert str(e.value) == (
+            "the database could not complete the request; see the controller's log"
+        )
+        assert status_for(e.value).name == "INTERNAL"
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        assert logged.startswith("database call failed: ")
+        for leak in ("the statement", "INSERT", "[SQL", "parameters", "sealed-secret-pw"):
+            assert leak not in logged
+        assert await store.read(lambda tx: tx.nodes.find()) == []  # rolled back
+    finally:
+        store.close()
