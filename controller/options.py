@@ -29,6 +29,7 @@ from typing import NoReturn
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from controller.api.limits import DEFAULT_MAX_STREAMS, DEFAULT_RATE
 from controller.core.errors import InvalidArgument, KilnError
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
@@ -81,6 +82,17 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
+
+
+def rate(text: str) -> float:
+    """A positive, finite number (of requests a second)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
     return value
 
 
@@ -192,6 +204,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between lifecycle passes over every node",
     )
     p.add_argument(
+        "--max-streams-per-client",
+        type=positive,
+        default=DEFAULT_MAX_STREAMS,
+        help="FleetService streams (event watches, bulk power) one client (IP address) "
+        "may hold open at once (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-requests-per-second-per-client",
+        type=rate,
+        default=DEFAULT_RATE,
+        help="FleetService requests a second one client (IP address) may make, in bursts "
+        "of up to twice that (default %(default)s)",
+    )
+    p.add_argument(
         "--secret-key-file",
         type=Path,
         default=None,
@@ -259,6 +285,8 @@ def parse(argv: list[str] | None = None) -> Options:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        max_streams_per_client=args.max_streams_per_client,
+        max_requests_per_second_per_client=args.max_requests_per_second_per_client,
     )
     return Options(config=config, verbose=args.verbose)
 

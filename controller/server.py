@@ -36,6 +36,12 @@ from grpc_reflection.v1alpha import reflection
 
 from controller.api.agent_service import AgentService
 from controller.api.fleet_service import FleetService
+from controller.api.limits import (
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_RATE,
+    MAX_RECEIVE_BYTES,
+    RequestLimits,
+)
 from controller.bmc.gateway import PoolGateway
 from controller.bmc.pool import BmcPool
 from controller.core.errors import InvalidArgument
@@ -183,6 +189,9 @@ class ControllerConfig:
     tls_cert: Path | None = None  # with tls_key: serve TLS instead of plaintext
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # require client certificates it signed (mTLS)
+    # Per client (peer IP) on FleetService: open streams, and requests a second.
+    max_streams_per_client: int = DEFAULT_MAX_STREAMS
+    max_requests_per_second_per_client: float = DEFAULT_RATE
 
 
 class ControllerServer:
@@ -291,7 +300,16 @@ class ControllerServer:
         # gRPC turns SO_REUSEPORT on by default, which lets a second controller
         # bind an address already served; clients would then alternate between
         # two controllers (and two databases).
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        limits = RequestLimits(
+            max_streams=cfg.max_streams_per_client, rate=cfg.max_requests_per_second_per_client
+        )
+        server = grpc.aio.server(
+            interceptors=[limits],
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            ],
+        )
         server.add_generic_rpc_handlers((self._services,))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
