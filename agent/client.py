@@ -28,6 +28,7 @@ from agent.nvml.backend import NvmlBackend
 from agent.prepare import ApplyResult, apply_profile, check_drift, reset_to_defaults
 from kiln.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 from kiln_common.gpu_profile import GpuProfile, ProfileError
+from kiln_common.tokens import bearer_metadata
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,12 @@ class Agent:
         metrics: AgentMetrics | None = None,
         backoff: tuple[float, float] = (0.5, 30.0),
         channel_credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
     ) -> None:
         """``channel_credentials``: dial over TLS with these (``kiln_common.tls``);
         None dials plaintext. Each agent carries its own, so a simulated fleet
-        can give every node its own certificate."""
+        can give every node its own certificate. ``token``: the node's agent
+        token (``IssueAgentToken``), sent as bearer metadata on its stream."""
         # "HOST:PORT" or several, comma-separated (an active controller and its
         # standbys): a broken stream moves on to the next one.
         self.controllers = [c.strip() for c in controller.split(",") if c.strip()]
@@ -107,6 +110,7 @@ class Agent:
         self.metrics = metrics
         self._backoff = backoff
         self._credentials = channel_credentials
+        self._metadata = bearer_metadata(token)
         self._sampler = HealthSampler(nvml)
         # A simulated GPU can be reset (to activate a pending MIG mode); NVML
         # itself has no reset call, so on real GPUs a pending mode is reported.
@@ -196,7 +200,7 @@ class Agent:
 
         async with self._channel() as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
-            call = stub.Connect(outgoing())
+            call = stub.Connect(outgoing(), metadata=self._metadata or None)
             tasks: set[asyncio.Task[None]] = set()
             sampler: asyncio.Task[None] | None = None
             stopper = asyncio.create_task(self._stopping.wait())

@@ -14,6 +14,7 @@ from agent.client import Agent
 from agent.metrics import AgentMetrics
 from agent.nvml import open_backend
 from kiln_common.tls import channel_credentials
+from kiln_common.tokens import read_token_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,12 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="this node's client certificate (CN or a DNS SAN = the node name)",
     )
     tls.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="this node's agent token (kiln nodes enroll --agent-token-file), for a "
+        "controller with authentication on and no client certificate",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
 async def run(args: argparse.Namespace) -> None:
     credentials = channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+    token = read_token_file(args.token_file) if args.token_file is not None else None
     nvml = open_backend(
         args.nvml,
         node_name=args.node_name,
@@ -77,6 +87,7 @@ async def run(args: argparse.Namespace) -> None:
         backend=args.nvml,
         metrics=metrics,
         channel_credentials=credentials,
+        token=token,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -240,6 +240,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="require client certificates signed by this CA (mutual TLS); an agent's "
         "certificate must name its node (CN or DNS SAN)",
     )
+    auth = p.add_argument_group(
+        "authentication", "who may call what; see README, Securing a fleet"
+    ).add_mutually_exclusive_group()
+    auth.add_argument(
+        "--auth",
+        dest="auth",
+        action="store_const",
+        const=True,
+        default=None,
+        help="require a bearer token or client certificate on every call, and check roles "
+        "(default: on unless --listen is a loopback address)",
+    )
+    auth.add_argument(
+        "--insecure-no-auth",
+        dest="auth",
+        action="store_const",
+        const=False,
+        help="serve every caller as an admin, even off loopback (logged as a warning)",
+    )
+    p.add_argument(
+        "--bootstrap-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="when the fleet has no usable admin token, make one ('bootstrap-admin') and "
+        "write it to FILE (mode 0600); a no-op once an admin token exists",
+    )
+    p.add_argument(
+        "--simulation",
+        action="store_true",
+        help="a simulated fleet: serve InjectFault (every other controller answers UNIMPLEMENTED)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -260,6 +292,8 @@ def parse(argv: list[str] | None = None) -> Options:
         _check_url(args.db)
     key_file = args.secret_key_file or args.state_dir / "secret.key"
     _check_key_format(key_file)
+    if args.bootstrap_token_file is not None:
+        _check_writable_file("--bootstrap-token-file", args.bootstrap_token_file)
     config = ControllerConfig(
         listen=args.listen,
         db_url=args.db,
@@ -285,10 +319,21 @@ def parse(argv: list[str] | None = None) -> Options:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        auth=args.auth,
+        simulation=args.simulation,
+        bootstrap_token_file=args.bootstrap_token_file,
         max_streams_per_client=args.max_streams_per_client,
         max_requests_per_second_per_client=args.max_requests_per_second_per_client,
     )
     return Options(config=config, verbose=args.verbose)
+
+
+def _check_writable_file(option: str, path: Path) -> None:
+    """``path`` can be written: its directory exists, and it is not a directory."""
+    if path.is_dir():
+        raise OptionError.value(option, path, "is a directory, not a file")
+    if not path.parent.is_dir():
+        raise OptionError.value(option, path, f"no such directory {path.parent}")
 
 
 def read_text(option: str, path: Path) -> str:

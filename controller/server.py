@@ -35,6 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from controller.api.agent_service import AgentService
+from controller.api.auth.interceptor import AuthInterceptor, on_loopback
 from controller.api.fleet_service import FleetService
 from controller.api.limits import (
     DEFAULT_MAX_STREAMS,
@@ -59,6 +60,7 @@ from controller.store.secrets import SecretBox
 from controller.store.sql_store import SqlStore
 from controller.tls import server_credentials
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
+from kiln_common.tokens import write_private
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +191,12 @@ class ControllerConfig:
     tls_cert: Path | None = None  # with tls_key: serve TLS instead of plaintext
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # require client certificates it signed (mTLS)
+    # Authentication and the role table (README, Securing a fleet). None: on
+    # unless the controller listens on loopback only; True: --auth; False:
+    # --insecure-no-auth (logged as a warning at start).
+    auth: bool | None = None
+    simulation: bool = False  # serve simulation-only RPCs (InjectFault)
+    bootstrap_token_file: Path | None = None  # an admin token is written here when none exists
     # Per client (peer IP) on FleetService: open streams, and requests a second.
     max_streams_per_client: int = DEFAULT_MAX_STREAMS
     max_requests_per_second_per_client: float = DEFAULT_RATE
@@ -211,8 +219,48 @@ class ControllerServer:
         self._trouble = asyncio.Event()  # a database call saw the connection gone
         self._loop: asyncio.AbstractEventLoop | None = None
         self._services = _KilnServices()
+        self._auth = AuthInterceptor(enabled=self.auth_enabled, simulation=config.simulation)
         self._health: health.aio.HealthServicer | None = None
         self._publisher_task: asyncio.Task[None] | None = None
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Whether callers must authenticate: ``config.auth``, else whether the
+        controller listens on anything but loopback."""
+        if self.config.auth is not None:
+            return self.config.auth
+        return not on_loopback(self.config.listen)
+
+    def _log_auth(self, tls: bool) -> None:
+        if self.auth_enabled:
+            log.info("authentication on: every call needs a bearer token or a client certificate")
+            if not tls and not on_loopback(self.config.listen):
+                log.warning(
+                    "bearer tokens travel in plaintext on %s: serve TLS (--tls-cert, --tls-key)",
+                    self.address,
+                )
+        elif self.config.auth is False:
+            log.warning(
+                "AUTHENTICATION IS OFF (--insecure-no-auth): anyone who reaches %s may enrol, "
+                "power off, drain and release every node",
+                self.address,
+            )
+        else:
+            log.info("authentication off: listening on loopback only (--auth turns it on)")
+
+    async def _bootstrap(self, path: Path) -> None:
+        """Write an admin token to ``path`` when the fleet has no usable one."""
+        assert self.fleet is not None
+        secret = await self.fleet.bootstrap_admin()
+        if secret is None:
+            log.info("an admin token exists; --bootstrap-token-file %s left as it is", path)
+            return
+        await asyncio.to_thread(write_private, path, secret)
+        log.warning(
+            "wrote a new admin token 'bootstrap-admin' to %s (mode 0600); make your own "
+            "tokens with it, then revoke it: kiln tokens revoke bootstrap-admin",
+            path,
+        )
 
     def _state_dir(self) -> Path:
         if self.config.state_dir is not None:
@@ -281,7 +329,10 @@ class ControllerServer:
             )
             self.store.on_commit(self.publisher.notify)
             self._publisher_task = asyncio.create_task(self.publisher.run(), name="kiln-mqtt")
+        if cfg.bootstrap_token_file is not None:
+            await self._bootstrap(cfg.bootstrap_token_file)
         await self._serve_api()
+        self._log_auth(credentials is not None)
         log.info(
             "controller listening on %s (%s)",
             self.address,
@@ -304,7 +355,7 @@ class ControllerServer:
             max_streams=cfg.max_streams_per_client, rate=cfg.max_requests_per_second_per_client
         )
         server = grpc.aio.server(
-            interceptors=[limits],
+            interceptors=[limits, self._auth],
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
@@ -337,6 +388,7 @@ class ControllerServer:
         assert self._health is not None and self.fleet is not None
         await self.fleet.start()
         self._watchdog = asyncio.create_task(self._watch_lock(), name="kiln-active-lock")
+        self._auth.serve(self.fleet)  # before the services: no call is served unchecked
         self._services.serve(self.fleet)
         for name in ("", *SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -54,6 +54,7 @@ def controller_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             listen="127.0.0.1:0",
             state_dir=tmp_path_factory.mktemp("controller"),
             reconcile_interval=0.2,
+            simulation=True,  # `kiln sim fault` is served
         )
     )
     address = controller.start()

@@ -2,7 +2,8 @@
 
 The first message must be a Register. A peer that presented a TLS client
 certificate may only register the node its certificate names (see
-``controller.api.peer_identity``); else the call ends PERMISSION_DENIED.
+``controller.api.peer_identity``), and an agent token only its own node;
+else the call ends PERMISSION_DENIED.
 After it, two things run side by side: reports flowing up (health, command
 results) and commands flowing down from the node's session in the agent hub.
 When either side ends, the session is detached and its pending commands fail
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from controller.api import convert
+from controller.api.auth.identity import authorize_agent_token, current_caller
 from controller.api.errors import message_for, status_for
 from controller.api.peer_identity import authorize_node, certificate_names
 from controller.core.agents import AgentSession
@@ -57,6 +59,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 raise InvalidArgument("first message must be register")
             reg = first.register
             authorize_node(certificate_names(context.auth_context()), reg.node_name)
+            authorize_agent_token(current_caller(), reg.node_name)
             session = await self._fleet.agent_connected(
                 reg.node_name, [convert.gpu_from_pb(g) for g in reg.gpus], reg.applied_profile
             )

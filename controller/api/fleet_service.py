@@ -8,6 +8,7 @@ from typing import TypeAlias
 import grpc
 
 from controller.api import convert
+from controller.api.auth.identity import current_caller
 from controller.api.errors import streaming, unary
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet, TopologyFormat
@@ -112,7 +113,8 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         self, request: fleet_pb2.CreateAllocationRequest, context: Ctx
     ) -> fleet_pb2.Allocation:
         spec = convert.spec_from_pb(request.spec)
-        return convert.allocation_pb(await self._fleet.create_allocation(request.key, spec))
+        allocation = await self._fleet.create_allocation(request.key, spec, by=current_caller())
+        return convert.allocation_pb(allocation)
 
     @unary
     async def GetAllocation(
@@ -133,7 +135,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def ReleaseAllocation(
         self, request: fleet_pb2.ReleaseAllocationRequest, context: Ctx
     ) -> fleet_pb2.Allocation:
-        return convert.allocation_pb(await self._fleet.release(request.id))
+        return convert.allocation_pb(await self._fleet.release(request.id, by=current_caller()))
 
     @streaming
     async def WatchEvents(
@@ -154,3 +156,52 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         outcome = await self._fleet.inject_fault(request.node, request.fault_json)
         message = outcome.message or "; ".join(outcome.failures or outcome.changed)
         return fleet_pb2.InjectFaultResponse(ok=outcome.ok, message=message)
+
+    # -- identity, tokens, audit -----------------------------------------------
+
+    @unary
+    async def WhoAmI(
+        self, request: fleet_pb2.WhoAmIRequest, context: Ctx
+    ) -> fleet_pb2.WhoAmIResponse:
+        caller = current_caller()
+        return fleet_pb2.WhoAmIResponse(
+            identity=caller.name, role=str(caller.role), method=str(caller.via)
+        )
+
+    @unary
+    async def CreateToken(
+        self, request: fleet_pb2.CreateTokenRequest, context: Ctx
+    ) -> fleet_pb2.CreateTokenResponse:
+        token, secret = await self._fleet.create_token(
+            request.name, request.role, ttl_s=request.ttl_s, by=current_caller()
+        )
+        return fleet_pb2.CreateTokenResponse(token=convert.token_pb(token), secret=secret)
+
+    @unary
+    async def ListTokens(
+        self, request: fleet_pb2.ListTokensRequest, context: Ctx
+    ) -> fleet_pb2.ListTokensResponse:
+        tokens = await self._fleet.list_tokens(include_revoked=request.include_revoked)
+        return fleet_pb2.ListTokensResponse(tokens=[convert.token_pb(t) for t in tokens])
+
+    @unary
+    async def RevokeToken(
+        self, request: fleet_pb2.RevokeTokenRequest, context: Ctx
+    ) -> fleet_pb2.Token:
+        return convert.token_pb(await self._fleet.revoke_token(request.name, by=current_caller()))
+
+    @unary
+    async def ListAudit(
+        self, request: fleet_pb2.ListAuditRequest, context: Ctx
+    ) -> fleet_pb2.ListAuditResponse:
+        entries = await self._fleet.list_audit(
+            since=request.since, who=request.who, method=request.method, limit=request.limit
+        )
+        return fleet_pb2.ListAuditResponse(entries=[convert.audit_entry_pb(e) for e in entries])
+
+    @unary
+    async def IssueAgentToken(
+        self, request: fleet_pb2.IssueAgentTokenRequest, context: Ctx
+    ) -> fleet_pb2.IssueAgentTokenResponse:
+        token = await self._fleet.issue_agent_token(request.node, by=current_caller())
+        return fleet_pb2.IssueAgentTokenResponse(node=request.node, token=token)

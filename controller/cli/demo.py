@@ -73,7 +73,11 @@ async def demo(args: argparse.Namespace, say: Say) -> int:
     started = time.monotonic()
     controller = ControllerServer(
         ControllerConfig(
-            listen=args.listen, reconcile_interval=0.5, sample_interval=1.0, rules=demo_rules()
+            listen=args.listen,
+            reconcile_interval=0.5,
+            sample_interval=1.0,
+            rules=demo_rules(),
+            simulation=True,  # the thermal scenario injects faults
         )
     )
     address = await controller.start()

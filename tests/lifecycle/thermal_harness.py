@@ -229,6 +229,7 @@ async def thermal_fleet(
                 sample_interval=0.3,
                 rules=load_rules(rules_yaml),
                 mqtt=f"{broker.host}:{broker.port}",
+                simulation=True,  # heat() injects faults
             )
         )
         address = await server.start()
