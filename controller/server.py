@@ -251,15 +251,21 @@ class ControllerServer:
     async def _bootstrap(self, path: Path) -> None:
         """Write an admin token to ``path`` when the fleet has no usable one."""
         assert self.fleet is not None
-        secret = await self.fleet.bootstrap_admin()
-        if secret is None:
-            log.info("an admin token exists; --bootstrap-token-file %s left as it is", path)
+        made = await self.fleet.bootstrap_admin()
+        if made is None:
+            log.info(
+                "the fleet has (or had) an admin token; --bootstrap-token-file %s left as it is",
+                path,
+            )
             return
+        name, secret = made
         await asyncio.to_thread(write_private, path, secret)
         log.warning(
-            "wrote a new admin token 'bootstrap-admin' to %s (mode 0600); make your own "
-            "tokens with it, then revoke it: kiln tokens revoke bootstrap-admin",
+            "wrote a new admin token %r to %s (mode 0600); make your own tokens with it, "
+            "then revoke it: kiln tokens revoke %s",
+            name,
             path,
+            name,
         )
 
     def _state_dir(self) -> Path:

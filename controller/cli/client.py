@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 if TYPE_CHECKING:
@@ -31,6 +34,8 @@ CONTROLLER_ENV = "KILN_CONTROLLER"
 TLS_CA_ENV = "KILN_TLS_CA"
 TLS_CERT_ENV = "KILN_TLS_CERT"
 TLS_KEY_ENV = "KILN_TLS_KEY"
+TOKEN_ENV = "KILN_TOKEN"
+CONFIG_ENV = "KILN_CONFIG"
 
 
 class CliError(Exception):
@@ -81,6 +86,7 @@ def connect(args: argparse.Namespace) -> Iterator[Session]:
     target: str = args.controller
     timeout = args.timeout if args.timeout and args.timeout > 0 else None
     credentials = tls_credentials(args)
+    token = bearer_token(args)
     logger.debug(
         "connecting to controller at %s (%s)", target, "TLS" if credentials else "plaintext"
     )
@@ -88,6 +94,8 @@ def connect(args: argparse.Namespace) -> Iterator[Session]:
         channel = grpc.insecure_channel(target)
     else:
         channel = grpc.secure_channel(target, credentials)
+    if token is not None:
+        channel = grpc.intercept_channel(channel, _bearer_interceptor(token))
     try:
         yield Session(
             stub=fleet_pb2_grpc.FleetServiceStub(channel),
@@ -99,6 +107,108 @@ def connect(args: argparse.Namespace) -> Iterator[Session]:
         )
     finally:
         channel.close()
+
+
+def config_path() -> Path:
+    """``$KILN_CONFIG``, else ``$XDG_CONFIG_HOME/kiln/config.toml`` (``~/.config``)."""
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "kiln" / "config.toml"
+
+
+def _configured_token_file() -> Path | None:
+    """The ``token_file`` the config file names (relative to the file), if any.
+
+    Raises CliError (exit 2) for a config file that is not TOML or whose
+    ``token_file`` is not a string.
+    """
+    path = config_path()
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise CliError(f"cannot read config file {path}: {type(e).__name__}", exit_code=2) from None
+    value = doc.get("token_file")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise CliError(f"config file {path}: token_file must be a file name", exit_code=2)
+    return path.parent / Path(value).expanduser()
+
+
+def bearer_token(args: argparse.Namespace) -> str | None:
+    """The token to send: ``--token-file``, else ``$KILN_TOKEN``, else the config
+    file's ``token_file``; None when none is set (a controller on loopback).
+
+    Raises CliError (exit 2) for a token file that cannot be read; the
+    message names the file, never its content.
+    """
+    from kiln_common.tokens import TokenFileError, read_token_file
+
+    path = getattr(args, "token_file", None)
+    if path is None:
+        env = os.environ.get(TOKEN_ENV, "").strip()
+        if env:
+            return env
+        path = _configured_token_file()
+    if path is None:
+        return None
+    try:
+        return read_token_file(path)
+    except TokenFileError as e:
+        raise CliError(str(e), exit_code=2) from None
+
+
+def _bearer_interceptor(token: str) -> Any:
+    """A client interceptor that adds ``authorization: Bearer TOKEN`` to every call."""
+    import collections
+
+    import grpc
+
+    from kiln_common.tokens import bearer_metadata
+
+    extra = bearer_metadata(token)
+
+    class CallDetails(
+        collections.namedtuple(
+            "CallDetails",
+            ["method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"],
+        ),
+        grpc.ClientCallDetails,
+    ):
+        pass
+
+    class Bearer(
+        grpc.UnaryUnaryClientInterceptor,
+        grpc.UnaryStreamClientInterceptor,
+        grpc.StreamUnaryClientInterceptor,
+        grpc.StreamStreamClientInterceptor,
+    ):
+        def _details(self, details: Any) -> Any:
+            return CallDetails(
+                details.method,
+                details.timeout,
+                (*(details.metadata or ()), *extra),
+                details.credentials,
+                getattr(details, "wait_for_ready", None),
+                getattr(details, "compression", None),
+            )
+
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._details(details), request)
+
+        def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._details(details), request)
+
+        def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+            return continuation(self._details(details), requests)
+
+        def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+            return continuation(self._details(details), requests)
+
+    return Bearer()
 
 
 def uses_tls(args: argparse.Namespace) -> bool:

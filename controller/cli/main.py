@@ -11,8 +11,8 @@ Contract:
 - Each command module exposes ``register(subparsers)``; each leaf parser sets
   ``func``, a callable taking the parsed ``argparse.Namespace`` and returning
   an exit code. The global options (``--controller``, ``-o``, ``--timeout``,
-  ``-v``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``) are accepted before the
-  command and after it.
+  ``-v``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``, ``--token-file``) are
+  accepted before the command and after it.
 - Plug-ins (``_PLUGINS``): commands whose module is imported only when the
   command is chosen, because ``controller.cli.demo`` starts a whole
   controller. ``kiln --help`` lists them from their entry alone; ``kiln demo
@@ -42,7 +42,7 @@ from typing import Any
 # hence here, first; an operator's own setting wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from controller.cli import alloc, events, nodes, racks, sim
+from controller.cli import access, alloc, events, nodes, racks, sim
 from controller.cli.client import (
     CONTROLLER_ENV,
     DEFAULT_CONTROLLER,
@@ -77,7 +77,7 @@ class Plugin:
     help: str
 
 
-_MODULES: tuple[ModuleType, ...] = (nodes, racks, alloc, events, sim)
+_MODULES: tuple[ModuleType, ...] = (nodes, racks, alloc, events, sim, access)
 _PLUGINS: tuple[Plugin, ...] = (
     Plugin("demo", "controller.cli.demo", "run a simulated fleet end to end"),
 )
@@ -88,6 +88,13 @@ def _timeout(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError("must be 0 (no deadline) or more")
     return value
+
+
+def _no_token(_text: str) -> None:
+    raise argparse.ArgumentTypeError(
+        "kiln never takes a token on the command line (it would stay in your shell "
+        "history and the process list); use $KILN_TOKEN, --token-file or the config file"
+    )
 
 
 def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -135,6 +142,17 @@ def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None
             default=Path(os.environ[env]) if os.environ.get(env) else None,
             help=f"{what} (PEM; default: ${env}); any TLS option dials TLS",
         )
+    add(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="file holding your bearer token (default: $KILN_TOKEN, else the token_file "
+        "of ~/.config/kiln/config.toml); never give a token on the command line",
+    )
+    # Said exactly, --token would otherwise abbreviate --token-file; it is refused
+    # without echoing what followed it.
+    add("--token", type=_no_token, default=None, help=argparse.SUPPRESS)
 
 
 def build_parser(load: Collection[str] = ()) -> argparse.ArgumentParser:

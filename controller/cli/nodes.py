@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from controller.cli import power
@@ -67,7 +68,22 @@ def register(subparsers: Any) -> None:
     p.add_argument("--insecure", action="store_true", help="skip TLS verification of the BMC")
     p.add_argument("--ca-bundle", default="", metavar="FILE", help="CA bundle for the BMC's TLS")
     p.add_argument("--profile", default="", help="node profile to prepare to")
+    p.add_argument(
+        "--agent-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="then issue the node's agent token and write it to FILE (mode 0600), "
+        "for kiln-agent --token-file; never printed",
+    )
     p.set_defaults(func=cmd_enroll)
+
+    p = sub.add_parser(
+        "agent-token", help="issue a node's agent token (replacing its last) into a file"
+    )
+    p.add_argument("name")
+    p.add_argument("--out", type=Path, required=True, metavar="FILE", help="written mode 0600")
+    p.set_defaults(func=cmd_agent_token)
 
     p = sub.add_parser("drain", help="stop placing work on a node")
     p.add_argument("name")
@@ -151,7 +167,32 @@ def cmd_enroll(args: argparse.Namespace) -> int:
     )
     with connect(args) as session:
         node = session.stub.EnrollNode(request, timeout=session.timeout)
+        if args.agent_token_file is not None:
+            _write_agent_token(session, node.name, args.agent_token_file)
         _emit_node_line(session.json, node, "enrolled")
+    return 0
+
+
+def _write_agent_token(session: Any, node: str, path: Path) -> None:
+    """Issue ``node``'s agent token and write it to ``path`` (0600)."""
+    from kiln_common.tokens import write_private
+
+    issued = session.stub.IssueAgentToken(
+        fleet_pb2.IssueAgentTokenRequest(node=node), timeout=session.timeout
+    )
+    try:
+        write_private(path, issued.token)
+    except OSError as e:
+        raise CliError(
+            f"node {node}'s agent token was issued but cannot be written to {path}: "
+            f"{e.strerror or e}; issue another: kiln nodes agent-token {node} --out FILE"
+        ) from None
+
+
+def cmd_agent_token(args: argparse.Namespace) -> int:
+    with connect(args) as session:
+        _write_agent_token(session, args.name, args.out)
+    emit(f"node {args.name}: agent token written to {args.out}")
     return 0
 
 

@@ -252,21 +252,22 @@ class Fleet:
     ) -> list[AuditEntry]:
         return await self.audit.query(since=since, who=who, method=method, limit=limit)
 
-    async def bootstrap_admin(self) -> str | None:
-        """An admin token when the fleet has no usable one; its secret, or None."""
-        secret = await self.tokens.ensure_admin()
-        if secret is not None:
+    async def bootstrap_admin(self) -> tuple[str, str] | None:
+        """The fleet's first admin token (its name and secret); None when the
+        fleet has, or had, one."""
+        made = await self.tokens.ensure_admin()
+        if made is not None:
             await self.audit.record(
                 AuditEntry(
                     who=SYSTEM.name,
                     role=SYSTEM.role,
                     via=SYSTEM.via,
                     method="BootstrapAdminToken",
-                    arguments={"name": "bootstrap-admin", "role": "admin"},
+                    arguments={"name": made[0], "role": "admin"},
                     code="OK",
                 )
             )
-        return secret
+        return made
 
     # -- agents ----------------------------------------------------------------
 

@@ -254,30 +254,31 @@ class Tokens:
         log.info("node %s: agent token issued by %s", node, by.name)
         return token
 
-    async def ensure_admin(self, name: str = "bootstrap-admin") -> str | None:
-        """Make an admin token when no usable one exists; returns its secret.
+    async def ensure_admin(self, name: str = "bootstrap-admin") -> tuple[str, str] | None:
+        """Make the fleet's first admin token; returns its name and secret.
 
-        None when an unrevoked, unexpired admin token is already there (a
-        restart changes nothing). A revoked or expired token of ``name`` is
-        replaced.
+        None when the store holds any admin token, even a revoked or expired
+        one: a restart, or revoking the bootstrap token once real admins
+        exist, never brings a new one to disk. (Whoever lost every admin
+        token gets back in with an admin certificate from the fleet CA.)
         """
         token_id, token, hashed = await self._mint()
 
-        def write(tx: Tx) -> bool:
-            now = self._clock()
-            if any(t.role is Role.ADMIN and t.usable(now) for t in tx.tokens.find()):
-                return False
-            old = tx.tokens.by_name(name)
-            if old is not None:
-                tx.tokens.delete(old.id)
+        def write(tx: Tx) -> str | None:
+            if any(t.role is Role.ADMIN for t in tx.tokens.find(include_revoked=True)):
+                return None
+            free, n = name, 1
+            while tx.tokens.by_name(free) is not None:  # a viewer called bootstrap-admin…
+                n += 1
+                free = f"{name}-{n}"
             tx.tokens.add(
-                self._new(name, Role.ADMIN, hashed, token_id=token_id, by="kiln-controller")
+                self._new(free, Role.ADMIN, hashed, token_id=token_id, by="kiln-controller")
             )
-            return True
+            return free
 
         made = await self._store.tx(write)
         self._forget()
-        return token if made else None
+        return (made, token) if made is not None else None
 
     async def _record(self, token_id: str) -> TokenRecord | None:
         cached = self._records.get(token_id)
