@@ -249,17 +249,19 @@ class ControllerServer:
             log.info("authentication off: listening on loopback only (--auth turns it on)")
 
     async def _bootstrap(self, path: Path) -> None:
-        """Write an admin token to ``path`` when the fleet has no usable one."""
+        """Write the fleet's first admin token to ``path`` (before storing it)."""
         assert self.fleet is not None
-        made = await self.fleet.bootstrap_admin()
-        if made is None:
+
+        async def keep(_name: str, secret: str) -> None:
+            await asyncio.to_thread(write_private, path, secret)
+
+        name = await self.fleet.bootstrap_admin(keep)
+        if name is None:
             log.info(
                 "the fleet has (or had) an admin token; --bootstrap-token-file %s left as it is",
                 path,
             )
             return
-        name, secret = made
-        await asyncio.to_thread(write_private, path, secret)
         log.warning(
             "wrote a new admin token %r to %s (mode 0600); make your own tokens with it, "
             "then revoke it: kiln tokens revoke %s",

@@ -10,7 +10,7 @@ import enum
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from controller.core.agents import AgentHub, AgentSession
@@ -252,22 +252,23 @@ class Fleet:
     ) -> list[AuditEntry]:
         return await self.audit.query(since=since, who=who, method=method, limit=limit)
 
-    async def bootstrap_admin(self) -> tuple[str, str] | None:
-        """The fleet's first admin token (its name and secret); None when the
-        fleet has, or had, one."""
-        made = await self.tokens.ensure_admin()
-        if made is not None:
+    async def bootstrap_admin(self, keep: Callable[[str, str], Awaitable[None]]) -> str | None:
+        """Make the fleet's first admin token, handing its name and secret to
+        ``keep`` before it is stored; its name, or None when the fleet has, or
+        had, one (see ``Tokens.ensure_admin``)."""
+        name = await self.tokens.ensure_admin(keep)
+        if name is not None:
             await self.audit.record(
                 AuditEntry(
                     who=SYSTEM.name,
                     role=SYSTEM.role,
                     via=SYSTEM.via,
                     method="BootstrapAdminToken",
-                    arguments={"name": made[0], "role": "admin"},
+                    arguments={"name": name, "role": "admin"},
                     code="OK",
                 )
             )
-        return made
+        return name
 
     # -- agents ----------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from controller.core.errors import AlreadyExists, InvalidArgument, NotFound, Unauthenticated
 from controller.core.identity import (
@@ -254,31 +254,47 @@ class Tokens:
         log.info("node %s: agent token issued by %s", node, by.name)
         return token
 
-    async def ensure_admin(self, name: str = "bootstrap-admin") -> tuple[str, str] | None:
-        """Make the fleet's first admin token; returns its name and secret.
+    async def ensure_admin(
+        self, keep: Callable[[str, str], Awaitable[None]], name: str = "bootstrap-admin"
+    ) -> str | None:
+        """Make the fleet's first admin token; returns its name.
 
-        None when the store holds any admin token, even a revoked or expired
-        one: a restart, or revoking the bootstrap token once real admins
-        exist, never brings a new one to disk. (Whoever lost every admin
-        token gets back in with an admin certificate from the fleet CA.)
+        ``keep(name, secret)`` is awaited before the token is stored, so a
+        secret that could not be kept (an unwritable file) leaves no token
+        behind, and the next start tries again.
+
+        None, and nothing made, when the store holds any admin token, even a
+        revoked or expired one: a restart, or revoking the bootstrap token
+        once real admins exist, never brings a new one to disk. (Whoever lost
+        every admin token gets back in with an admin certificate from the
+        fleet CA.) Only the active controller runs this, at its start.
         """
-        token_id, token, hashed = await self._mint()
 
-        def write(tx: Tx) -> str | None:
+        def first_free(tx: Tx) -> str | None:
             if any(t.role is Role.ADMIN for t in tx.tokens.find(include_revoked=True)):
                 return None
             free, n = name, 1
             while tx.tokens.by_name(free) is not None:  # a viewer called bootstrap-admin…
                 n += 1
                 free = f"{name}-{n}"
-            tx.tokens.add(
-                self._new(free, Role.ADMIN, hashed, token_id=token_id, by="kiln-controller")
-            )
             return free
 
-        made = await self._store.tx(write)
+        chosen = await self._store.read(first_free)
+        if chosen is None:
+            return None
+        token_id, token, hashed = await self._mint()
+        await keep(chosen, token)
+
+        def write(tx: Tx) -> None:
+            if first_free(tx) != chosen:  # cannot happen with one active controller
+                raise AlreadyExists(kind="token", name=chosen)
+            tx.tokens.add(
+                self._new(chosen, Role.ADMIN, hashed, token_id=token_id, by="kiln-controller")
+            )
+
+        await self._store.tx(write)
         self._forget()
-        return (made, token) if made is not None else None
+        return chosen
 
     async def _record(self, token_id: str) -> TokenRecord | None:
         cached = self._records.get(token_id)

@@ -169,3 +169,37 @@ def test_a_controller_process_bootstraps_once_and_never_logs_a_secret(
     assert "has (or had) an admin token" in second and "wrote a new admin token" not in second
     for part in [*secret_parts(admin), *secret_parts(made), *secret_parts(other_admin)]:
         assert part.encode() not in database_bytes(state)
+
+
+@pytest.mark.timeout(60)
+async def test_a_bootstrap_token_that_cannot_be_written_is_not_made(tmp_path: Path) -> None:
+    from controller.server import ControllerConfig, ControllerServer
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    state = tmp_path / "state"
+    server = ControllerServer(
+        ControllerConfig(
+            listen="127.0.0.1:0", state_dir=state, auth=True, bootstrap_token_file=blocker / "t"
+        )
+    )
+    try:
+        with pytest.raises(OSError):
+            await server.start()
+    finally:
+        await server.stop()
+    token_file = tmp_path / "admin.token"
+    server = ControllerServer(
+        ControllerConfig(
+            listen="127.0.0.1:0", state_dir=state, auth=True, bootstrap_token_file=token_file
+        )
+    )
+    try:
+        await server.start()  # the next start makes it: nothing was stored the first time
+        assert server.fleet is not None
+        listed = await server.fleet.list_tokens()
+        assert [(t.name, t.role) for t in listed] == [("bootstrap-admin", "admin")]
+        caller = await server.fleet.authenticate(token_file.read_text().strip())
+        assert caller.name == "bootstrap-admin"
+    finally:
+        await server.stop()
