@@ -45,6 +45,7 @@ from urllib.parse import urlsplit, urlunsplit
 PROG = "kiln_inventory"
 CONTROLLER_ENV = "KILN_CONTROLLER"
 TIMEOUT_ENV = "KILN_INVENTORY_TIMEOUT"
+TOKEN_ENV = "KILN_TOKEN"  # a viewer token, for a controller with authentication on
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 10.0
 ALL_NODES_GROUP = "kiln_nodes"
@@ -208,13 +209,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     timeout = _timeout()
     grpc, fleet_pb2, fleet_pb2_grpc, types_pb2 = _load_api()
     inventory = Inventory(types_pb2)
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
     with grpc.insecure_channel(target) as channel:
         stub = fleet_pb2_grpc.FleetServiceStub(channel)
         try:
             if args.host is not None:
-                node = stub.GetNode(fleet_pb2.GetNodeRequest(name=args.host), timeout=timeout)
+                request = fleet_pb2.GetNodeRequest(name=args.host)
+                node = stub.GetNode(request, timeout=timeout, metadata=metadata)
                 return inventory.host_vars(node)
-            response = stub.ListNodes(fleet_pb2.ListNodesRequest(), timeout=timeout)
+            response = stub.ListNodes(
+                fleet_pb2.ListNodesRequest(), timeout=timeout, metadata=metadata
+            )
         except grpc.RpcError as e:
             raise InventoryError(_rpc_message(grpc, e, target)) from None
     return inventory.listing(list(response.nodes))

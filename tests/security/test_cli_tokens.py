@@ -204,3 +204,31 @@ def test_kiln_agent_with_a_missing_token_file_exits_2(
     argv = ["--controller", f"127.0.0.1:{free_port()}", "--nvml", "fake:h200"]
     assert agent_main([*argv, "--token-file", str(missing)]) == 2
     assert capsys.readouterr().err == f"kiln-agent: error: token file {missing} not found\n"
+
+
+@pytest.mark.timeout(60)
+def test_the_ansible_inventory_reads_with_a_viewer_token(ctl: SecuredController) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "ansible" / "inventory" / "kiln_inventory.py"
+    ctl.enroll("inv-n1")
+    env = {k: v for k, v in os.environ.items() if k != "KILN_TOKEN"}
+    env["KILN_CONTROLLER"] = ctl.address
+
+    def inventory(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(script), "--list"],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    refused = inventory()
+    assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
+    listed = inventory(KILN_TOKEN=ctl.token("inventory", "viewer"))
+    assert listed.returncode == 0, listed.stderr
+    assert "inv-n1" in json.loads(listed.stdout)["kiln_nodes"]["hosts"]
