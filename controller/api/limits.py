@@ -65,7 +65,8 @@ BY_NAME: Mapping[str, int] = {
     **dict.fromkeys(
         ("name", "node", "node_name", "rack", "leaf", "spine", "queue", "allocation", "id"), NAME
     ),
-    **dict.fromkeys(("role", "method", "architecture", "nvml_backend", "agent_version"), NAME),
+    **dict.fromkeys(("gpu_model", "role", "method", "architecture", "nvml_backend"), NAME),
+    "agent_version": NAME,
     **dict.fromkeys(("profile", "applied_profile", "key"), 128),  # core: keys ≤ 128
     **dict.fromkeys(("uuid", "model"), 96),  # NVML's UUID and name buffers
     "bmc_url": URL,
@@ -447,6 +448,8 @@ async def _refuse(context: grpc.aio.ServicerContext, error: Exception, method: s
         raise error  # the servicer already chose the status
     if isinstance(error, KilnError):
         await context.abort(status_for(error), message_for(error))
+    if isinstance(error, NotImplementedError):  # the generated servicer's default
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented")
     log.error("%s failed", method, exc_info=error)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}")
 

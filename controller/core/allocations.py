@@ -66,6 +66,8 @@ def validate_spec(spec: AllocationSpec) -> None:
         raise InvalidArgument(f"{spec.nodes} nodes cannot be split into segments of {spec.segment}")
     if spec.queue:
         validate_name("queue", spec.queue)
+    if spec.gpu_model:
+        validate_name("GPU model", spec.gpu_model)
 
 
 def node_spec(node: NodeRecord, schedulable: bool) -> NodeSpec:

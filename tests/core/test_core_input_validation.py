@@ -12,7 +12,7 @@ from core_builders import gpus, spec
 
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
-from controller.core.model import GpuInfo
+from controller.core.model import AllocationSpec, GpuInfo
 from controller.core.nodes import validate_gpus, validate_name
 
 pytestmark = pytest.mark.timeout(30)
@@ -138,3 +138,12 @@ async def test_a_fault_that_is_not_plain_json_is_refused_before_it_is_sent(
     await fleet.enroll(spec("n1"))
     with pytest.raises(InvalidArgument, match=message):
         await fleet.inject_fault("n1", fault_json)
+
+
+@pytest.mark.parametrize("model", ["H200\x1b[2J", "A" * 64, "H 200"], ids=["csi", "long", "space"])
+async def test_an_allocation_for_a_gpu_model_that_is_not_a_name_is_refused(
+    fleet: Fleet, model: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=r"^GPU model name "):
+        await fleet.create_allocation("k1", AllocationSpec(nodes=1, gpu_model=model))
+    assert await fleet.list_allocations(include_released=True) == []

@@ -232,3 +232,19 @@ def test_the_ansible_inventory_reads_with_a_viewer_token(ctl: SecuredController)
     listed = inventory(KILN_TOKEN=ctl.token("inventory", "viewer"))
     assert listed.returncode == 0, listed.stderr
     assert "inv-n1" in json.loads(listed.stdout)["kiln_nodes"]["hosts"]
+
+
+@pytest.mark.timeout(60)
+def test_on_loopback_without_auth_everyone_is_an_anonymous_admin_and_audited(
+    controller_addr: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KILN_TOKEN", raising=False)
+    base = ["--controller", controller_addr]
+    assert kiln_main([*base, "whoami"]) == 0
+    out = capsys.readouterr().out
+    assert out == "anonymous (admin): this controller does not authenticate callers\n"
+    assert kiln_main([*base, "tokens", "create", "later", "--role", "viewer"]) == 0
+    capsys.readouterr()
+    assert kiln_main([*base, "audit", "list", "--who", "anonymous"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r[2], r[3], r[4], r[5]) for r in rows] == [("anonymous", "admin", "CreateToken", "OK")]
