@@ -77,8 +77,12 @@ def _number(name: str, value: object, low: float, high: float) -> float:
         raise ValueError(f"{name} must be a number, not {type(value).__name__}")
     number = float(value)
     if not math.isfinite(number) or not low <= number <= high:
-        raise ValueError(f"{name} must be a finite number from {low:g} to {high:g}")
+        raise ValueError(f"{name} must be a finite number from {_shown(low)} to {_shown(high)}")
     return number
+
+
+def _shown(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def _temperature(name: str, value: object) -> float:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
+from peers import ControllerThread
 
+from agent.client import Agent
+from agent.nvml import FakeNvml, part_by_key
+from controller.server import ControllerConfig
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
 
 pytestmark = pytest.mark.timeout(60)
@@ -203,3 +209,44 @@ def test_leaves_and_spines_follow_the_rules_of_node_names(
     assert e.value.details().startswith(f"{label} name {shown} is invalid")
     assert "\x1b" not in e.value.details() and "\u202e" not in e.value.details()
     assert list(stub.ListNodes(fleet_pb2.ListNodesRequest(), timeout=10).nodes) == []
+
+
+def test_a_fault_no_gpu_could_show_is_refused_through_a_simulated_agent(
+    tmp_path: Path,
+) -> None:
+    controller = ControllerThread(
+        ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path, simulation=True)
+    )
+    address = controller.start()
+    agent = Agent(address, "n1", FakeNvml(part_by_key("h200"), node_name="n1"), backend="fake")
+    running = None
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            enrol(stub)
+            running = asyncio.run_coroutine_threadsafe(agent.run(), controller.loop)
+            deadline = time.monotonic() + 30
+            while not stub.GetNode(fleet_pb2.GetNodeRequest(name="n1"), timeout=10).agent_connected:
+                assert time.monotonic() < deadline, "the agent never registered"
+                time.sleep(0.05)
+
+            def inject(fault: str) -> fleet_pb2.InjectFaultResponse:
+                request = fleet_pb2.InjectFaultRequest(node="n1", fault_json=fault)
+                return stub.InjectFault(request, timeout=30)
+
+            with pytest.raises(grpc.RpcError) as e:
+                inject('{"kind": "heat", "gpu": 0, "target_c": NaN}')
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert e.value.details() == "fault JSON holds NaN, which is not a number"
+            refused = inject('{"kind": "heat", "gpu": 0, "target_c": 1e308}')
+            assert not refused.ok
+            assert refused.message == (
+                "bad fault: fault 'heat': target_c must be a finite number "
+                "from -2147483648 to 2147483647"
+            )
+            assert inject('{"kind": "heat", "gpu": 0, "target_c": 95}').ok
+    finally:
+        if running is not None:
+            controller.call(agent.stop())
+            running.result(timeout=30)
+        controller.stop()
