@@ -45,7 +45,7 @@ class _QuietDatabaseLoss(logging.Filter):
         self._server = server
 
     def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
+        error = record.exc_info[1] if record.exc_info else getattr(record, "database_error", None)
         return not (
             error is not None and self._server.database_troubled and is_database_error(error)
         )

@@ -42,7 +42,9 @@ class StoreUnavailable(Unavailable):
 def _store_error(error: Exception) -> KilnError:
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return StoreUnavailable()
-    log.error("database call failed: %s", _first_line(error))
+    # The error rides along (not as a traceback) so that a controller which
+    # knows its database is gone can drop these lines (controller.main).
+    log.error("database call failed: %s", _first_line(error), extra={"database_error": error})
     return StoreFailed()
 
 
