@@ -54,6 +54,15 @@ class BmcPoolClosed(BmcError):
     template = "BMC %(host)s: %(operation)s abandoned: the BMC pool is closed"
 
 
+class BmcPowerNotHonoured(BmcTimeout):
+    """The BMC accepted a power command, twice, and the power never changed."""
+
+    template = (
+        "BMC %(host)s: %(command)s not honoured after %(tries)s "
+        "(still %(state)s after %(seconds)gs)"
+    )
+
+
 TRANSIENT: tuple[type[BaseException], ...] = (BmcUnreachable, BmcServerError, BmcTimeout)
 """Errors worth a retry. ``BmcBreakerOpen`` is excluded explicitly in ``is_transient``."""
 

@@ -49,6 +49,8 @@ class BmcPool:
             included (default: the registry's, Redfish 2, IPMI 1).
         untrusted_share: the share of a protocol's threads that calls to BMCs
             not answering (never heard from, or failing) may hold at once.
+        power_resend_after: seconds a power change may stay unapplied before
+            the command is sent a second (and last) time.
         close_timeout: seconds ``close`` spends logging out of BMCs.
         clock: injectable clock (tests).
     """
@@ -64,6 +66,7 @@ class BmcPool:
         workers: Mapping[str, int] | None = None,
         max_in_flight: int | None = None,
         untrusted_share: float = 0.5,
+        power_resend_after: float = 30.0,
         close_timeout: float = 2.0,
         clock: Clock | None = None,
         seed: int | None = None,
@@ -71,6 +74,7 @@ class BmcPool:
         if max_workers < 1:
             raise ValueError("max_workers must be >= 1")
         self.call_timeout = call_timeout
+        self.power_resend_after = power_resend_after
         self.close_timeout = close_timeout
         self._max_workers = max_workers
         self._workers_override = dict(workers or {})
@@ -133,7 +137,13 @@ class BmcPool:
                 max_in_flight=self._max_in_flight or entry.max_in_flight,
             )
             self._guards[key] = guard
-        handle = Bmc(node_name, address.protocol, driver, guard)
+        handle = Bmc(
+            node_name,
+            address.protocol,
+            driver,
+            guard,
+            power_resend_after=self.power_resend_after,
+        )
         self._handles[(node_name, key)] = handle
         LOG.debug("node %s: BMC handle for %s (%s)", node_name, address.url, address.protocol)
         return handle

@@ -21,10 +21,10 @@ Every BMC call goes through a :class:`BmcGuard`:
    after a cool-down one probe is let through (half-open); an answer closes it.
 
 Callers that need several calls to be one step (power action, then polling)
-hold ``guard.exclusive()`` -- one operation per BMC at a time, like Ironic's
-node lock. The clock and the random source are injectable for tests; call
-slots and deadlines of running threads are measured in real time
-(``time.monotonic``).
+hold ``guard.exclusive()`` -- one state-changing operation per BMC at a time,
+like Ironic's node lock. Reads do not take it. The clock and the random
+source are injectable for tests; call slots and deadlines of running threads
+are measured in real time (``time.monotonic``).
 """
 
 from __future__ import annotations
