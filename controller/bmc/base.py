@@ -39,14 +39,19 @@ class Power(Protocol):
         """
         ...
 
-    async def set(self, action: PowerAction, timeout: float = 60.0) -> PowerState:
+    async def set(
+        self, action: PowerAction, timeout: float = 60.0, *, resend_after: float | None = None
+    ) -> PowerState:
         """Request ``action`` and poll until ``action.final_state`` holds.
 
         Idempotent: ON/OFF/FORCE_OFF when already there return at once without
-        touching the power. CYCLE and RESTART always act.
+        touching the power. CYCLE and RESTART always act. A command the BMC
+        accepted but did not apply within ``resend_after`` seconds (None: the
+        pool's ``power_resend_after``) is sent once more. Power-state reads
+        are not held up while the change is pending.
 
-        Raises: BmcTimeout if the final state is not reached within
-        ``timeout`` seconds; NotSupported; BmcUnreachable;
+        Raises: BmcPowerNotHonoured (a BmcTimeout) if the final state is not
+        reached within ``timeout`` seconds; NotSupported; BmcUnreachable;
         BmcAuthenticationFailed; BmcError.
         """
         ...

@@ -39,6 +39,30 @@ class BmcTlsError(BmcUnreachable):
     template = "BMC %(host)s is unreachable over TLS: %(reason)s"
 
 
+class BmcBusy(BmcTimeout):
+    """A call waited its whole deadline for its turn and never reached the
+    BMC: the BMC's own call slots stayed taken, or every worker thread of its
+    protocol was busy. Retried like a timeout, but it says nothing new about
+    the BMC, so it does not count against the breaker."""
+
+    template = "BMC %(host)s: %(operation)s waited %(seconds).1fs for %(waiting_for)s"
+
+
+class BmcPoolClosed(BmcError):
+    """The pool was closed (the controller is stopping) before the call ran."""
+
+    template = "BMC %(host)s: %(operation)s abandoned: the BMC pool is closed"
+
+
+class BmcPowerNotHonoured(BmcTimeout):
+    """The BMC accepted a power command, twice, and the power never changed."""
+
+    template = (
+        "BMC %(host)s: %(command)s not honoured after %(tries)s "
+        "(still %(state)s after %(seconds)gs)"
+    )
+
+
 TRANSIENT: tuple[type[BaseException], ...] = (BmcUnreachable, BmcServerError, BmcTimeout)
 """Errors worth a retry. ``BmcBreakerOpen`` is excluded explicitly in ``is_transient``."""
 
@@ -54,6 +78,7 @@ def counts_against_breaker(exc: BaseException) -> bool:
     """True when ``exc`` says the BMC is not answering properly.
 
     NotSupported and 4xx answers mean the BMC is alive; they do not open the
-    breaker. Authentication failures do not either: the BMC answered.
+    breaker. Authentication failures do not either: the BMC answered. A call
+    that never got its turn (``BmcBusy``) says nothing about the BMC.
     """
-    return is_transient(exc)
+    return is_transient(exc) and not isinstance(exc, BmcBusy)

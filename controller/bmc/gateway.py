@@ -21,11 +21,25 @@ STATES = {PowerState.ON: "on", PowerState.OFF: "off"}
 
 
 class PoolGateway:
-    """Implements ``controller.core.ports.BmcGateway`` over one :class:`BmcPool`."""
+    """Implements ``controller.core.ports.BmcGateway`` over one :class:`BmcPool`.
 
-    def __init__(self, pool: BmcPool, *, power_timeout: float = 120.0) -> None:
+    Args:
+        power_timeout: seconds a power change may take before it fails.
+        power_resend_after: seconds before an accepted but unapplied power
+            command is sent once more (None: the pool's ``power_resend_after``,
+            30 s by default).
+    """
+
+    def __init__(
+        self,
+        pool: BmcPool,
+        *,
+        power_timeout: float = 120.0,
+        power_resend_after: float | None = None,
+    ) -> None:
         self._pool = pool
         self._power_timeout = power_timeout
+        self._power_resend_after = power_resend_after
         self._handles: dict[str, Bmc] = {}
 
     def canonical_url(self, url: str) -> str:
@@ -65,7 +79,9 @@ class PoolGateway:
     async def set_power(self, target: BmcTarget, action: str) -> str:
         if action not in ACTIONS:
             raise InvalidArgument(f"unknown power action {action!r}")
-        state = await self._bmc(target).power.set(ACTIONS[action], self._power_timeout)
+        state = await self._bmc(target).power.set(
+            ACTIONS[action], self._power_timeout, resend_after=self._power_resend_after
+        )
         return STATES.get(state, "unknown")
 
     def health(self, node: str) -> str:
@@ -118,4 +134,5 @@ class PoolGateway:
         self._handles.pop(node, None)
 
     async def close(self) -> None:
+        """Close the pool: returns within a few seconds whatever the BMCs do."""
         await self._pool.close()

@@ -1,17 +1,21 @@
 """The async capability objects of one BMC handle.
 
-Each capability wraps the blocking driver with the BMC's guard (timeout,
-retries, breaker) and holds the per-BMC lock for the whole operation, so a
-power action and the polling that verifies it are one step.
+Each capability wraps the blocking driver with the BMC's guard (call slots,
+hard deadline, retries, breaker). A state change holds the per-BMC operation
+lock for the whole operation, so a power action and the polling that
+verifies it are one step and two changes never interleave; reads never take
+that lock, so a power-state read answers while a change is pending.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
+from controller.bmc.errors import BmcPowerNotHonoured
 from controller.bmc.resilience import BmcGuard
 from controller.bmc.types import (
     BmcHealth,
@@ -59,44 +63,120 @@ class _Capability:
         self._driver = driver
         self._guard = guard
 
+    async def _read(self, operation: str, fn: Callable[[], T]) -> T:
+        """One read: no operation lock (the guard still bounds calls per BMC)."""
+        return await self._guard.call(operation, fn)
+
     async def _one(self, operation: str, fn: Callable[[], T]) -> T:
+        """One state change under the per-BMC operation lock."""
         async with self._guard.exclusive():
             return await self._guard.call(operation, fn)
 
 
+# How a power command is named when it is not honoured.
+COMMAND_NAMES: dict[PowerAction, str] = {
+    PowerAction.ON: "power-on",
+    PowerAction.OFF: "power-off",
+    PowerAction.FORCE_OFF: "forced power-off",
+    PowerAction.CYCLE: "power cycle",
+    PowerAction.RESTART: "restart",
+}
+
+
 class PowerControl(_Capability):
-    """Implements ``controller.bmc.base.Power``."""
+    """Implements ``controller.bmc.base.Power``.
+
+    ``resend_after``: seconds a power change may stay unapplied before the
+    command is sent once more (BMCs do lose them); None or 0 never re-sends.
+    """
 
     poll_interval: float = 0.5
     max_poll_interval: float = 2.0
+    min_read_budget: float = 0.25
+
+    def __init__(
+        self, driver: Driver, guard: BmcGuard, *, resend_after: float | None = 30.0
+    ) -> None:
+        super().__init__(driver, guard)
+        self.resend_after = resend_after
 
     async def state(self) -> PowerState:
-        return await self._one("power state", self._driver.power_state)
+        return await self._read("power state", self._driver.power_state)
 
-    async def set(self, action: PowerAction, timeout: float = 60.0) -> PowerState:
+    async def set(
+        self, action: PowerAction, timeout: float = 60.0, *, resend_after: float | None = None
+    ) -> PowerState:
         guard = self._guard
         clock = guard.clock
         deadline = clock.monotonic() + timeout
+        resend = self.resend_after if resend_after is None else resend_after
         target = action.final_state
         async with guard.exclusive():
             current = await guard.call("power state", self._driver.power_state, deadline=deadline)
             if action in (PowerAction.ON, PowerAction.OFF, PowerAction.FORCE_OFF):
                 if current is target:
                     return current  # already there: success, nothing sent
-                await self._act(action, deadline)
+                state = await self._change(action, deadline, timeout, resend)
             elif current is PowerState.OFF:
-                await self._act(PowerAction.ON, deadline)  # restarting an off node = power on
+                # Restarting an off node = power on.
+                state = await self._change(PowerAction.ON, deadline, timeout, resend)
             elif action is PowerAction.RESTART and not getattr(
                 self._driver, "supports_graceful_restart", True
             ):
-                await self._act(PowerAction.OFF, deadline)
-                await self._wait_for(PowerState.OFF, deadline, action, timeout)
-                await self._act(PowerAction.ON, deadline)
+                await self._change(PowerAction.OFF, deadline, timeout, resend)
+                state = await self._change(PowerAction.ON, deadline, timeout, resend)
             else:
+                # A cycle of a node that is on ends on: a lost command cannot be
+                # told from a quick one, so it is sent once.
                 await self._act(action, deadline)
-            state = await self._wait_for(target, deadline, action, timeout)
+                state = await self._wait_for(target, deadline, deadline)
+                if state is not target:
+                    raise BmcTimeout(
+                        host=guard.host, operation=f"power {action.value}", seconds=timeout
+                    )
             LOG.info("node %s: power %s done, now %s", guard.node, action.value, state.value)
             return state
+
+    async def _change(
+        self, action: PowerAction, deadline: float, timeout: float, resend: float | None
+    ) -> PowerState:
+        """Send ``action`` and poll until its final state holds; send it once
+        more if it has not landed after ``resend`` seconds.
+
+        Raises:
+            BmcPowerNotHonoured: still not there at the deadline.
+        """
+        clock = self._guard.clock
+        target = action.final_state
+        resend_at = clock.monotonic() + resend if resend else math.inf
+        attempts = 1
+        await self._act(action, deadline)
+        state = await self._wait_for(target, deadline, min(deadline, resend_at))
+        now = clock.monotonic()
+        if state is not target and resend_at <= now < deadline:
+            attempts = 2
+            LOG.warning(
+                "node %s: BMC %s accepted power %s but the power is still %s after %.0fs; "
+                "sending it again",
+                self._guard.node,
+                self._guard.host,
+                action.value,
+                state.value,
+                resend or 0.0,
+            )
+            await self._act(action, deadline)
+            state = await self._wait_for(target, deadline, deadline)
+        if state is not target:
+            raise BmcPowerNotHonoured(
+                host=self._guard.host,
+                operation=f"power {action.value}",
+                command=COMMAND_NAMES[action],
+                tries="2 attempts" if attempts == 2 else "1 attempt",
+                attempts=attempts,
+                state=state.value,
+                seconds=timeout,
+            )
+        return state
 
     async def _act(self, action: PowerAction, deadline: float) -> None:
         LOG.info("node %s: power %s requested", self._guard.node, action.value)
@@ -104,30 +184,31 @@ class PowerControl(_Capability):
             f"power {action.value}", lambda: self._driver.power_action(action), deadline=deadline
         )
 
-    async def _wait_for(
-        self, target: PowerState, deadline: float, action: PowerAction, timeout: float
-    ) -> PowerState:
+    async def _wait_for(self, target: PowerState, deadline: float, until: float) -> PowerState:
+        """Poll until ``target`` holds or ``until`` passes; returns the last state
+        read (``target`` on success). Every read is bounded by ``deadline``, and
+        none starts with less than ``min_read_budget`` seconds left."""
         guard = self._guard
         clock = guard.clock
         interval = self.poll_interval
-        while True:
-            state = await guard.call("power state", self._driver.power_state, deadline=deadline)
-            if state is target:
-                return state
-            remaining = deadline - clock.monotonic()
+        state = await guard.call("power state", self._driver.power_state, deadline=deadline)
+        while state is not target:
+            remaining = until - clock.monotonic()
             if remaining <= 0:
-                raise BmcTimeout(
-                    host=guard.host, operation=f"power {action.value}", seconds=timeout
-                )
+                break
             await clock.sleep(min(interval, remaining))
             interval = min(self.max_poll_interval, interval * 1.5)
+            if deadline - clock.monotonic() < self.min_read_budget:
+                break
+            state = await guard.call("power state", self._driver.power_state, deadline=deadline)
+        return state
 
 
 class BootControl(_Capability):
     """Implements ``controller.bmc.base.Boot``."""
 
     async def get(self) -> BootOverride:
-        return await self._one("get boot device", self._driver.boot_get)
+        return await self._read("get boot device", self._driver.boot_get)
 
     async def set(
         self, device: BootDevice, *, persistent: bool = False, mode: BootMode | None = None
@@ -148,17 +229,17 @@ class VirtualMediaControl(_Capability):
         await self._one("eject virtual media", self._driver.vmedia_eject)
 
     async def state(self) -> VirtualMediaState:
-        return await self._one("virtual media state", self._driver.vmedia_state)
+        return await self._read("virtual media state", self._driver.vmedia_state)
 
 
 class BiosControl(_Capability):
     """Implements ``controller.bmc.base.Bios``."""
 
     async def attributes(self) -> dict[str, Any]:
-        return await self._one("BIOS attributes", self._driver.bios_attributes)
+        return await self._read("BIOS attributes", self._driver.bios_attributes)
 
     async def pending(self) -> dict[str, Any]:
-        return await self._one("BIOS pending attributes", self._driver.bios_pending)
+        return await self._read("BIOS pending attributes", self._driver.bios_pending)
 
     async def set(self, attrs: Mapping[str, Any]) -> None:
         frozen = dict(attrs)
@@ -171,7 +252,7 @@ class FirmwareControl(_Capability):
     poll_interval: float = 2.0
 
     async def inventory(self) -> list[FirmwareComponent]:
-        return await self._one("firmware inventory", self._driver.firmware_inventory)
+        return await self._read("firmware inventory", self._driver.firmware_inventory)
 
     async def update(
         self,
@@ -212,30 +293,38 @@ class SensorsReader(_Capability):
     """Implements ``controller.bmc.base.Sensors``."""
 
     async def readings(self) -> SensorReadings:
-        return await self._one("sensors", self._driver.sensors)
+        return await self._read("sensors", self._driver.sensors)
 
 
 class InventoryReader(_Capability):
     """Implements ``controller.bmc.base.Inventory``."""
 
     async def get(self) -> HardwareInventory:
-        return await self._one("inventory", self._driver.inventory)
+        return await self._read("inventory", self._driver.inventory)
 
 
 class EventLogReader(_Capability):
     """Implements ``controller.bmc.base.EventLog``."""
 
     async def entries(self) -> list[LogEntry]:
-        return await self._one("event log", self._driver.log_entries)
+        return await self._read("event log", self._driver.log_entries)
 
 
 class Bmc:
     """One BMC, by capability. Obtain from ``BmcPool.get``; safe to share."""
 
-    def __init__(self, node: str, protocol: str, driver: Driver, guard: BmcGuard) -> None:
+    def __init__(
+        self,
+        node: str,
+        protocol: str,
+        driver: Driver,
+        guard: BmcGuard,
+        *,
+        power_resend_after: float | None = 30.0,
+    ) -> None:
         self.node = node
         self.protocol = protocol
-        self.power = PowerControl(driver, guard)
+        self.power = PowerControl(driver, guard, resend_after=power_resend_after)
         self.boot = BootControl(driver, guard)
         self.vmedia = VirtualMediaControl(driver, guard)
         self.bios = BiosControl(driver, guard)

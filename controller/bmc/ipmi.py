@@ -4,7 +4,9 @@ pyghmi shares one session per (bmc, user, password, port) inside a process,
 and a second ``Command`` for the same key can hang. So the pool hands each BMC
 exactly one ``IpmiDriver`` for the life of the process, and this driver holds
 a thread lock so that even a call that outlived its asyncio timeout never
-overlaps the next one.
+overlaps the next one. pyghmi's process-wide session loop gets three fixes
+at import (``controller/bmc/pyghmi_compat.py``): without them BMCs that never
+answer can stop every IPMI call in the process.
 
 IPMI has no virtual media, BIOS attributes or firmware update: those raise
 ``NotSupported``.
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pyghmi import exceptions as pyghmi_exc
 from pyghmi.ipmi import command as ipmi_command
 
+from controller.bmc import pyghmi_compat
 from controller.bmc.types import (
     BootDevice,
     BootMode,
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
 
 LOG = logging.getLogger(__name__)
+pyghmi_compat.apply()
 # IPMI 2.0 (RMCP+) carries a password of at most 20 bytes.
 MAX_PASSWORD_BYTES = 20
 
@@ -146,12 +150,23 @@ class IpmiDriver:
 
     def close(self) -> None:
         """Log out, so no keepalive traffic for this BMC lingers in pyghmi's
-        process-wide I/O loop (where a dead BMC's retries slow everyone)."""
-        with self._lock:
+        process-wide I/O loop (where a dead BMC's retries slow everyone).
+
+        Never waits: while a call holds the driver's lock (perhaps stuck in
+        pyghmi) the session is in use, and close leaves it to pyghmi.
+        """
+        if not self._lock.acquire(blocking=False):
+            LOG.debug(
+                "node %s: IPMI %s has a call in flight; not logging out", self._node, self._label
+            )
+            return
+        try:
             command, self._command = self._command, None
             if command is not None:
                 with contextlib.suppress(Exception):
                     command.ipmi_session.logout()
+        finally:
+            self._lock.release()
 
     # --- power --------------------------------------------------------------
     def power_state(self) -> PowerState:

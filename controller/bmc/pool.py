@@ -1,9 +1,11 @@
 """The entry point of the BMC layer: one pool per controller process.
 
-``BmcPool`` owns a bounded thread pool (sushy and pyghmi are blocking), one
-guard (lock + breaker) per BMC endpoint and one driver per BMC endpoint --
-which matters for pyghmi, which must never get two ``Command`` objects for the
-same BMC in one process. Create one pool per process.
+``BmcPool`` owns one bounded thread pool per protocol (sushy and pyghmi are
+blocking; a protocol's pool size comes from its registry entry, so dead IPMI
+BMCs can never starve Redfish), one guard (call slots + breaker) per BMC
+endpoint and one driver per BMC endpoint -- which matters for pyghmi, which
+must never get two ``Command`` objects for the same BMC in one process.
+Create one pool per process.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controller.bmc import registry
 from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
 from controller.bmc.handle import Bmc, Driver
 from controller.bmc.resilience import BmcGuard, CircuitBreaker, Clock, RetryPolicy, SystemClock
+from controller.bmc.workers import WorkerPool, WorkerStats
 
 LOG = logging.getLogger(__name__)
 
@@ -33,11 +36,22 @@ class BmcPool:
     """Hands out cached :class:`Bmc` handles.
 
     Args:
-        max_workers: threads for blocking BMC calls (bounds fleet concurrency).
-        call_timeout: seconds for each BMC call (each retry gets its own).
+        max_workers: threads for one protocol's blocking calls (a protocol's
+            registry entry may cap it lower: IPMI 32).
+        call_timeout: seconds for each BMC call (each retry gets its own); a
+            hard deadline, whatever the library does.
         retry: backoff policy for transient faults.
         breaker_threshold: consecutive transient failures that open a BMC's breaker.
         breaker_cooldown: seconds an open breaker waits before one probe.
+        workers: per-protocol thread counts (``{"ipmi": 16}``), overriding
+            ``max_workers`` and the registry's caps.
+        max_in_flight: blocking calls at once per BMC endpoint, stuck ones
+            included (default: the registry's, Redfish 2, IPMI 1).
+        untrusted_share: the share of a protocol's threads that calls to BMCs
+            not answering (never heard from, or failing) may hold at once.
+        power_resend_after: seconds a power change may stay unapplied before
+            the command is sent a second (and last) time.
+        close_timeout: seconds ``close`` spends logging out of BMCs.
         clock: injectable clock (tests).
     """
 
@@ -49,16 +63,29 @@ class BmcPool:
         retry: RetryPolicy | None = None,
         breaker_threshold: int = 5,
         breaker_cooldown: float = 30.0,
+        workers: Mapping[str, int] | None = None,
+        max_in_flight: int | None = None,
+        untrusted_share: float = 0.5,
+        power_resend_after: float = 30.0,
+        close_timeout: float = 2.0,
         clock: Clock | None = None,
         seed: int | None = None,
     ) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be >= 1")
         self.call_timeout = call_timeout
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kiln-bmc")
+        self.power_resend_after = power_resend_after
+        self.close_timeout = close_timeout
+        self._max_workers = max_workers
+        self._workers_override = dict(workers or {})
+        self._max_in_flight = max_in_flight
+        self._untrusted_share = untrusted_share
         self._retry = retry or RetryPolicy()
         self._breaker_threshold = breaker_threshold
         self._breaker_cooldown = breaker_cooldown
         self._clock = clock or SystemClock()
         self._rng = random.Random(seed)
+        self._pools: dict[str, WorkerPool] = {}
         self._handles: dict[tuple[str, _Key], Bmc] = {}
         self._drivers: dict[_Key, Driver] = {}
         self._guards: dict[_Key, BmcGuard] = {}
@@ -83,9 +110,10 @@ class BmcPool:
         handle = self._handles.get((node_name, key))
         if handle is not None:
             return handle
+        entry = registry.entry_for(address)
         driver = self._drivers.get(key)
         if driver is None:
-            driver = registry.entry_for(address).make_driver(
+            driver = entry.make_driver(
                 address, credentials, tls, request_timeout=self.call_timeout, node=node_name
             )
             self._drivers[key] = driver
@@ -95,7 +123,7 @@ class BmcPool:
             guard = BmcGuard(
                 node_name,
                 label,
-                executor=self._executor,
+                executor=self._pool_for(entry),
                 call_timeout=self.call_timeout,
                 retry=self._retry,
                 breaker=CircuitBreaker(
@@ -106,15 +134,42 @@ class BmcPool:
                 ),
                 clock=self._clock,
                 rng=random.Random(self._rng.random()),
+                max_in_flight=self._max_in_flight or entry.max_in_flight,
             )
             self._guards[key] = guard
-        handle = Bmc(node_name, address.protocol, driver, guard)
+        handle = Bmc(
+            node_name,
+            address.protocol,
+            driver,
+            guard,
+            power_resend_after=self.power_resend_after,
+        )
         self._handles[(node_name, key)] = handle
         LOG.debug("node %s: BMC handle for %s (%s)", node_name, address.url, address.protocol)
         return handle
 
+    def _pool_for(self, entry: registry.SchemeEntry) -> WorkerPool:
+        pool = self._pools.get(entry.protocol)
+        if pool is None:
+            size = self._workers_override.get(entry.protocol)
+            if size is None:
+                size = min(self._max_workers, entry.max_workers or self._max_workers)
+            pool = WorkerPool(entry.protocol, size, untrusted_share=self._untrusted_share)
+            self._pools[entry.protocol] = pool
+        return pool
+
+    def worker_stats(self) -> dict[str, WorkerStats]:
+        """Per protocol: threads, running and queued calls (for benchmarks, logs)."""
+        return {protocol: pool.stats() for protocol, pool in self._pools.items()}
+
     async def close(self) -> None:
-        """Close sessions and stop the worker threads. Idempotent."""
+        """Stop the worker pools and log out of BMCs; returns within about
+        ``close_timeout`` seconds whatever the BMCs do. Idempotent.
+
+        Queued calls are cancelled (their callers get ``BmcPoolClosed``);
+        threads stuck in a library are abandoned (they are daemon threads,
+        never joined, so they do not hold up the process's exit).
+        """
         if self._closed:
             return
         self._closed = True
@@ -122,18 +177,28 @@ class BmcPool:
         self._drivers.clear()
         self._handles.clear()
         self._guards.clear()
-
-        def _close_all() -> None:
-            for driver in drivers:
-                driver.close()
-
-        loop = asyncio.get_running_loop()
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        if not drivers:
+            return
+        closer = WorkerPool("close", min(16, len(drivers)))
         try:
-            # A dead BMC must not hold up shutdown for long.
-            await asyncio.wait_for(loop.run_in_executor(self._executor, _close_all), 5.0)
-        except TimeoutError:
-            LOG.warning("closing BMC sessions took over 5s; abandoning the rest")
-        self._executor.shutdown(wait=False, cancel_futures=True)
+            pending = {asyncio.wrap_future(closer.submit(d.close)) for d in drivers}
+            done, pending = await asyncio.wait(pending, timeout=self.close_timeout)
+            for future in done:
+                if not future.cancelled() and future.exception() is not None:
+                    LOG.debug("closing a BMC session failed: %s", future.exception())
+            if pending:
+                LOG.warning(
+                    "closing BMC sessions took over %.1fs; abandoning %d of %d",
+                    self.close_timeout,
+                    len(pending),
+                    len(drivers),
+                )
+                for future in pending:
+                    future.cancel()
+        finally:
+            closer.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> BmcPool:
         return self

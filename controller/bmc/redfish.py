@@ -199,13 +199,23 @@ class RedfishDriver:
         return system
 
     def close(self) -> None:
-        with self._setup_lock:
+        """Close the HTTP session. Never waits: while a call is connecting
+        (sushy reads the service root under the set-up lock, perhaps from a
+        BMC that never answers) there is no session yet to close."""
+        if not self._setup_lock.acquire(blocking=False):
+            LOG.debug(
+                "node %s: Redfish %s is still connecting; nothing to close", self._node, self._label
+            )
+            return
+        try:
             if self._connector is not None:
                 with contextlib.suppress(Exception):
                     self._connector.close()
             self._conn = None
             self._connector = None
             self._system = None
+        finally:
+            self._setup_lock.release()
 
     # --- power --------------------------------------------------------------
     def power_state(self) -> PowerState:

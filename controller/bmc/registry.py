@@ -51,6 +51,12 @@ class SchemeEntry:
     ``check_path`` receives the URL path without a trailing slash and returns
     the ``system_path`` to keep; ``validate_credentials`` rejects credentials
     the protocol cannot carry. Both raise InvalidArgument and do no I/O.
+
+    Each protocol's blocking calls run in that protocol's own thread pool
+    (so one protocol's dead BMCs can never starve another's): ``max_workers``
+    caps its size (None: the ``BmcPool``'s ``max_workers``), and
+    ``max_in_flight`` is how many blocking calls one BMC endpoint may have
+    running at once. Entries of one protocol share its pool and must agree.
     """
 
     scheme: str
@@ -61,22 +67,30 @@ class SchemeEntry:
     check_path: Callable[[str], str]
     validate_credentials: Callable[[str, str], None]
     aliases: tuple[str, ...] = ()
+    max_workers: int | None = None
+    max_in_flight: int = 2
 
 
-# scheme, protocol, transport, default port; the driver module's three hooks.
+# scheme, protocol, transport, default port; the driver module's three hooks;
+# the protocol's thread pool cap and calls in flight per BMC.
+# Redfish: HTTP with its own timeouts; two calls per BMC let a read pass a
+# slow one. IPMI: pyghmi serializes one session per BMC (so one call per BMC)
+# and multiplexes 64 BMCs per UDP socket through one I/O thread.
 _ENTRIES = (
     SchemeEntry(
         "redfish", "redfish", "https", 443,
         redfish.make_driver, redfish.check_path, redfish.validate_credentials,
-        aliases=("redfish+https",),
+        aliases=("redfish+https",), max_workers=None, max_in_flight=2,
     ),
     SchemeEntry(
         "redfish+http", "redfish", "http", 80,
         redfish.make_driver, redfish.check_path, redfish.validate_credentials,
+        max_workers=None, max_in_flight=2,
     ),
     SchemeEntry(
         "ipmi", "ipmi", "udp", 623,
         ipmi.make_driver, ipmi.check_path, ipmi.validate_credentials,
+        max_workers=32, max_in_flight=1,
     ),
 )  # fmt: skip
 
@@ -96,6 +110,13 @@ def _index(
             if name != name.lower() or name in by_scheme:
                 raise ValueError(f"BMC scheme {name!r} is not lower case or is listed twice")
             by_scheme[name] = entry
+        if entry.max_in_flight < 1 or (entry.max_workers is not None and entry.max_workers < 1):
+            raise ValueError(f"BMC scheme {entry.scheme!r}: pool sizes must be at least 1")
+        for other in by_transport.values():
+            if other.protocol == entry.protocol and (
+                (other.max_workers, other.max_in_flight) != (entry.max_workers, entry.max_in_flight)
+            ):
+                raise ValueError(f"the {entry.protocol} schemes disagree on their thread pool")
         key = (entry.protocol, entry.transport)
         if key in by_transport:
             raise ValueError(f"two BMC schemes for {entry.protocol} over {entry.transport}")

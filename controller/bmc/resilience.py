@@ -1,20 +1,30 @@
-"""Timeouts, retries with backoff, per-BMC serialization and circuit breaking.
+"""Timeouts, retries with backoff, per-BMC call slots and circuit breaking.
 
 Every BMC call goes through a :class:`BmcGuard`:
 
 1. the breaker may refuse it at once (``BmcBreakerOpen``, a ``BmcUnreachable``)
    without touching the network;
-2. the blocking driver call runs in the pool's executor under a timeout
-   (``BmcTimeout`` when it does not answer in time);
-3. transient faults (no answer, 5xx, timeout) are retried with exponential
+2. it takes one of the BMC's few call slots (``max_in_flight``), waiting its
+   turn within its deadline (``BmcBusy`` when the turn never comes). A slot
+   is held until the blocking call really returns, so a call stuck in a
+   library keeps its slot; when every slot is held by a call stuck (running
+   longer than ``call_timeout``, which every driver's own timeouts stay
+   within) the breaker trips open at once instead of sending more;
+3. the blocking driver call runs in the protocol's worker pool under a hard
+   deadline: the caller stops waiting at the deadline whatever the library
+   does (``BmcTimeout``), and a call still queued at its deadline is dropped
+   (``BmcBusy``);
+4. transient faults (no answer, 5xx, timeout) are retried with exponential
    backoff and full jitter; authentication failures, 4xx and NotSupported
    never are;
-4. each outcome feeds the breaker: N consecutive transient failures open it;
+5. each outcome feeds the breaker: N consecutive transient failures open it;
    after a cool-down one probe is let through (half-open); an answer closes it.
 
 Callers that need several calls to be one step (power action, then polling)
-hold ``guard.exclusive()`` -- one operation per BMC at a time, like Ironic's
-node lock. The clock and the random source are injectable for tests.
+hold ``guard.exclusive()`` -- one state-changing operation per BMC at a time,
+like Ironic's node lock. Reads do not take it. The clock and the random
+source are injectable for tests; call slots and deadlines of running threads
+are measured in real time (``time.monotonic``).
 """
 
 from __future__ import annotations
@@ -25,12 +35,19 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from controller.bmc.errors import BmcBreakerOpen, counts_against_breaker, is_transient
+from controller.bmc.errors import (
+    BmcBreakerOpen,
+    BmcBusy,
+    BmcPoolClosed,
+    counts_against_breaker,
+    is_transient,
+)
 from controller.bmc.types import BmcHealth
+from controller.bmc.workers import WorkerPoolClosed
 from controller.core.errors import BmcError, BmcTimeout, KilnError
 
 LOG = logging.getLogger(__name__)
@@ -118,6 +135,21 @@ class CircuitBreaker:
         self.state = BreakerState.CLOSED
         self.consecutive_failures = 0
 
+    def trip(self, reason: str) -> BmcBreakerOpen:
+        """Open now (calls are stuck in the library: sending more would only
+        pile up threads), counting it as one more failure. Returns the error
+        the refused call raises."""
+        self.consecutive_failures += 1
+        self.last_error = reason
+        self.state = BreakerState.OPEN
+        self._opened_at = self._clock.monotonic()
+        return BmcBreakerOpen(
+            host=self.host,
+            failures=self.consecutive_failures,
+            reason=reason,
+            retry_in=self.cooldown,
+        )
+
     def record_failure(self, error: BaseException) -> None:
         self.consecutive_failures += 1
         self.last_error = str(error)
@@ -127,6 +159,11 @@ class CircuitBreaker:
         ):
             self.state = BreakerState.OPEN
             self._opened_at = self._clock.monotonic()
+
+    @property
+    def trusted(self) -> bool:
+        """Closed with no failure since the last answer."""
+        return self.state is BreakerState.CLOSED and self.consecutive_failures == 0
 
     @property
     def health(self) -> BmcHealth:
@@ -139,8 +176,36 @@ class CircuitBreaker:
         return BmcHealth(state, self.last_error, self.consecutive_failures)
 
 
+class _Slot:
+    """One call in flight: when a thread started running it (real time)."""
+
+    __slots__ = ("started_at",)
+
+    def __init__(self) -> None:
+        self.started_at: float | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.started_at is not None
+
+    def stuck(self, now: float, limit: float) -> bool:
+        """Running for longer than ``limit`` seconds. (A queued call is never
+        stuck: it is dropped at its caller's deadline.)"""
+        return self.started_at is not None and now - self.started_at > limit
+
+
 class BmcGuard:
-    """Runs one BMC's blocking calls with timeout, retries and breaker."""
+    """Runs one BMC endpoint's blocking calls with call slots, a hard deadline,
+    retries and the breaker.
+
+    Args:
+        executor: runs the blocking calls; a ``WorkerPool`` gets each call in
+            its trusted lane only while this BMC answers.
+        max_in_flight: blocking calls to this BMC at once, counting calls whose
+            caller gave up but whose thread has not returned.
+        stuck_grace: seconds a call waits for a slot held only by stuck calls
+            (running longer than ``call_timeout``) before the breaker trips.
+    """
 
     def __init__(
         self,
@@ -153,31 +218,44 @@ class BmcGuard:
         breaker: CircuitBreaker | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        max_in_flight: int = 2,
+        stuck_grace: float = 0.5,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
         self.node = node
         self.host = host
         self.call_timeout = call_timeout
         self.retry = retry or RetryPolicy()
         self.clock = clock or SystemClock()
         self.breaker = breaker or CircuitBreaker(host, clock=self.clock)
+        self.max_in_flight = max_in_flight
+        self.stuck_grace = stuck_grace
         self._executor = executor
         self._rng = rng or random.Random()
         self._lock = asyncio.Lock()
+        self._slots: set[_Slot] = set()
+        self._slot_waiters: list[asyncio.Future[None]] = []
+        self._answered = False
 
     def exclusive(self) -> asyncio.Lock:
-        """The per-BMC lock; hold it for a multi-call operation."""
+        """The per-BMC operation lock; hold it for a multi-call state change."""
         return self._lock
+
+    @property
+    def in_flight(self) -> int:
+        """Blocking calls to this BMC not yet returned (stuck ones included)."""
+        return len(self._slots)
 
     async def call(
         self, operation: str, fn: Callable[[], T], *, deadline: float | None = None
     ) -> T:
-        """Run ``fn`` (blocking) in the executor with timeout and retries.
+        """Run ``fn`` (blocking) in the executor with a hard deadline and retries.
 
         ``deadline`` (clock.monotonic() value) bounds the whole call including
         retries. Raises the last error once retries are exhausted; the breaker
-        error when open.
+        error when open (also when every slot is held by a stuck call).
         """
-        loop = asyncio.get_running_loop()
         retry = 0
         while True:
             self.breaker.before_call()
@@ -185,8 +263,10 @@ class BmcGuard:
             if deadline is not None:
                 timeout = max(0.01, min(timeout, deadline - self.clock.monotonic()))
             try:
-                result = await asyncio.wait_for(loop.run_in_executor(self._executor, fn), timeout)
-            except TimeoutError as e:
+                result = await self._attempt(operation, fn, timeout)
+            except BmcBreakerOpen:
+                raise
+            except TimeoutError as e:  # a driver's own timeout surfacing raw
                 error: KilnError = BmcTimeout(host=self.host, operation=operation, seconds=timeout)
                 error.__cause__ = e
             except KilnError as e:
@@ -195,11 +275,13 @@ class BmcGuard:
                 error = BmcError(host=self.host, reason=f"{operation}: {e!r}")
                 error.__cause__ = e
             else:
+                self._answered = True
                 self.breaker.record_success()
                 return result
             if counts_against_breaker(error):
                 self.breaker.record_failure(error)
-            elif not isinstance(error, BmcBreakerOpen):
+            elif not isinstance(error, BmcBusy | BmcPoolClosed):
+                self._answered = True
                 self.breaker.record_success()  # the BMC answered, even if "no"
             retry += 1
             if not is_transient(error) or retry >= self.retry.attempts:
@@ -218,3 +300,103 @@ class BmcGuard:
                 pause,
             )
             await self.clock.sleep(pause)
+
+    async def _attempt(self, operation: str, fn: Callable[[], T], timeout: float) -> T:
+        """One try: a slot, then the blocking call under a hard deadline."""
+        deadline = time.monotonic() + timeout
+        await self._take_slot(operation, deadline, timeout)
+        slot = _Slot()
+        self._slots.add(slot)
+        try:
+            future = self._submit(slot, fn)
+        except RuntimeError as e:  # the worker pool is shut down
+            self._free(slot)
+            raise BmcPoolClosed(host=self.host, operation=operation) from e
+        loop = asyncio.get_running_loop()
+
+        def returned(_: Future[T]) -> None:
+            # Runs in the worker thread (or here, when cancelled while queued).
+            try:
+                loop.call_soon_threadsafe(self._free, slot)
+            except RuntimeError:  # the event loop is closed: nobody is waiting
+                pass
+
+        future.add_done_callback(returned)
+        waiter = asyncio.wrap_future(future)
+        try:
+            await asyncio.wait({waiter}, timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.CancelledError:
+            waiter.cancel()  # dropped if still queued; a running thread keeps its slot
+            raise
+        if waiter.done():
+            if future.cancelled():  # the pool was shut down under the call
+                raise BmcPoolClosed(host=self.host, operation=operation)
+            error = waiter.exception()
+            if isinstance(error, WorkerPoolClosed):
+                raise BmcPoolClosed(host=self.host, operation=operation) from error
+            return waiter.result()
+        waiter.cancel()
+        if not slot.started:
+            pool = getattr(self._executor, "name", "BMC")
+            raise BmcBusy(
+                host=self.host,
+                operation=operation,
+                seconds=timeout,
+                waiting_for=f"a free {pool} worker thread",
+            )
+        raise BmcTimeout(host=self.host, operation=operation, seconds=round(timeout, 2))
+
+    def _submit(self, slot: _Slot, fn: Callable[[], T]) -> Future[T]:
+        def run() -> T:
+            slot.started_at = time.monotonic()
+            return fn()
+
+        submit_call = getattr(self._executor, "submit_call", None)
+        if submit_call is not None:
+            trusted = self._answered and self.breaker.trusted
+            future: Future[T] = submit_call(run, trusted=trusted)
+            return future
+        return self._executor.submit(run)
+
+    async def _take_slot(self, operation: str, deadline: float, timeout: float) -> None:
+        """Wait for a free call slot until ``deadline``; trip the breaker when
+        every slot is held by a stuck call."""
+        loop = asyncio.get_running_loop()
+        while len(self._slots) >= self.max_in_flight:
+            now = time.monotonic()
+            stuck = self._all_stuck(now)
+            until = min(deadline, now + self.stuck_grace) if stuck else deadline
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._slot_waiters.append(waiter)
+            try:
+                await asyncio.wait({waiter}, timeout=max(0.0, until - now))
+            finally:
+                if waiter in self._slot_waiters:
+                    self._slot_waiters.remove(waiter)
+            if waiter.done() and len(self._slots) < self.max_in_flight:
+                return
+            now = time.monotonic()
+            if stuck and self._all_stuck(now):
+                reason = (
+                    f"{len(self._slots)} call(s) stuck past the {self.call_timeout:g}s "
+                    f"call timeout; not sending {operation} until they return"
+                )
+                LOG.warning("node %s: BMC %s %s", self.node, self.host, reason)
+                raise self.breaker.trip(reason)
+            if now >= deadline:
+                raise BmcBusy(
+                    host=self.host,
+                    operation=operation,
+                    seconds=timeout,
+                    waiting_for=f"one of its {self.max_in_flight} call slot(s)",
+                )
+
+    def _all_stuck(self, now: float) -> bool:
+        return all(s.stuck(now, self.call_timeout) for s in self._slots)
+
+    def _free(self, slot: _Slot) -> None:
+        self._slots.discard(slot)
+        waiters, self._slot_waiters = self._slot_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)

@@ -6,8 +6,15 @@ source: drop the connection (``drop_ratio``), answer ``500`` itself
 per-client upstream connection. It parses HTTP framing (Content-Length and
 chunked bodies) so faults apply per request, also on keep-alive connections.
 Plain HTTP only: put it in front of an emulator started without TLS.
-Counters (``requests``, ``dropped``, ``errors``, ``forwarded``) let tests
-check that faults really happened.
+
+``swallow`` models a BMC that accepts a command and never carries it out: a
+request whose request line contains that text (``"POST "`` plus a path, say
+``.../Actions/ComputerSystem.Reset``) is answered ``204 No Content`` by the
+proxy and never forwarded -- every time, or the first ``swallow_limit``
+times.
+
+Counters (``requests``, ``dropped``, ``errors``, ``forwarded``,
+``swallowed``) let tests check that faults really happened.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import random
 
 from controller.sim.ports import free_port
 
+_SWALLOWED = b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"
 _ERROR_BODY = b'{"error": {"code": "Base.1.0.InternalError", "message": "injected fault"}}'
 _ERROR = (
     b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
@@ -67,6 +75,8 @@ class FaultProxy:
         drop_ratio: float = 0.0,
         error_ratio: float = 0.0,
         seed: int = 0,
+        swallow: str | None = None,
+        swallow_limit: int | None = None,
     ) -> None:
         if target[0] not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("FaultProxy only forwards to loopback targets")
@@ -74,12 +84,15 @@ class FaultProxy:
         self.delay_s = delay_s
         self.drop_ratio = drop_ratio
         self.error_ratio = error_ratio
+        self.swallow = swallow
+        self.swallow_limit = swallow_limit
         self._rng = random.Random(seed)
         self.port = 0
         self.requests = 0
         self.dropped = 0
         self.errors = 0
         self.forwarded = 0
+        self.swallowed = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -107,6 +120,14 @@ class FaultProxy:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def _swallows(self, request: bytes) -> bool:
+        if self.swallow is None:
+            return False
+        if self.swallow_limit is not None and self.swallowed >= self.swallow_limit:
+            return False
+        line = request.split(b"\r\n", 1)[0].decode("latin-1")
+        return self.swallow in line
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
@@ -118,6 +139,11 @@ class FaultProxy:
                 if not request:
                     return
                 self.requests += 1
+                if self._swallows(request):
+                    self.swallowed += 1
+                    writer.write(_SWALLOWED)
+                    await writer.drain()
+                    continue
                 roll = self._rng.random()
                 if roll < self.drop_ratio:
                     self.dropped += 1

@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import http.server
 import shutil
+import socket
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,49 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def closed_port() -> int:
     """A loopback TCP port nothing listens on."""
     return free_port()
+
+
+@pytest.fixture
+def dead_ipmi() -> Iterator[Callable[[int], list[str]]]:
+    """Makes ``n`` dead IPMI BMCs: loopback UDP sockets that take every packet
+    and never answer. Returns their ``ipmi://`` URLs."""
+    sockets: list[socket.socket] = []
+
+    def make(n: int) -> list[str]:
+        urls = []
+        for _ in range(n):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+            urls.append(f"ipmi://127.0.0.1:{sock.getsockname()[1]}")
+        return urls
+
+    yield make
+    for sock in sockets:
+        sock.close()
+
+
+@pytest.fixture
+def dead_redfish() -> Iterator[Callable[[int], list[str]]]:
+    """Makes ``n`` dead Redfish BMCs: loopback TCP listeners that never accept,
+    so a connection opens (the kernel's backlog) and no answer ever comes.
+    Returns their ``redfish+http://`` system URLs."""
+    sockets: list[socket.socket] = []
+
+    def make(n: int) -> list[str]:
+        urls = []
+        for _ in range(n):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(64)
+            sockets.append(sock)
+            port = sock.getsockname()[1]
+            urls.append(f"redfish+http://127.0.0.1:{port}/redfish/v1/Systems/dead")
+        return urls
+
+    yield make
+    for sock in sockets:
+        sock.close()
 
 
 def require(tool: str) -> str:
