@@ -83,6 +83,17 @@ def unsettled(
     pending = [a for a in allocs if alloc_state(a) == "pending"]
     if pending and head_fits(pending[0], nodes, racks):
         why.append(f"allocation {pending[0].id} pending although it fits ({pending[0].reason})")
+    # A free ready node held back from new work (its BMC not yet read again
+    # after a restart, docs/placement.md) may still take a pending request:
+    # every BMC here is healthy, so wait for that before calling it settled.
+    held = [
+        n.name
+        for n in nodes
+        if node_state(n) == "ready" and n.agent_connected and not n.allocation
+        if not n.schedulable
+    ]
+    if pending and held:
+        why.append(f"allocation {pending[0].id} pending while {held} are held back")
     return why
 
 
