@@ -74,26 +74,24 @@ def positive(text: str) -> int:
     return value
 
 
-def seconds(text: str) -> float:
-    """A positive, finite number of seconds (0 would spin a loop on a core)."""
+def _positive_number(text: str, what: str, unit: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+        raise argparse.ArgumentTypeError(f"must be more than 0{unit}, not {text}")
     return value
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds (0 would spin a loop on a core)."""
+    return _positive_number(text, "a number of seconds", " seconds")
 
 
 def rate(text: str) -> float:
     """A positive, finite number (of requests a second)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
-    return value
+    return _positive_number(text, "a number", "")
 
 
 def host_port(text: str) -> str:

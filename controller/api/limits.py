@@ -395,18 +395,11 @@ class RequestLimits(grpc.aio.ServerInterceptor):
         return behaviour
 
     def _unary_stream(self, inner: Behaviour, name: str, limited: bool) -> Behaviour:
+        # grpc.aio serves a stream only from an async generator function.
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            client = await self._admit(context, limited)
-            if limited:
-                await self._open_stream(context, client)
-            try:
-                async for item in _responses(inner, _checked(request), context):
-                    yield item
-            except Exception as e:
-                await _refuse(context, e, name)
-            finally:
-                if limited:
-                    self.streams.release(client)
+            checked = lambda: _checked(request)  # noqa: E731
+            async for item in self._streamed(inner, name, limited, checked, context):
+                yield item
 
         return behaviour
 
@@ -414,19 +407,33 @@ class RequestLimits(grpc.aio.ServerInterceptor):
         async def behaviour(
             requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
-            client = await self._admit(context, limited)
-            if limited:
-                await self._open_stream(context, client)
-            try:
-                async for item in _responses(inner, _checked_stream(requests), context):
-                    yield item
-            except Exception as e:
-                await _refuse(context, e, name)
-            finally:
-                if limited:
-                    self.streams.release(client)
+            checked = lambda: _checked_stream(requests)  # noqa: E731
+            async for item in self._streamed(inner, name, limited, checked, context):
+                yield item
 
         return behaviour
+
+    async def _streamed(
+        self,
+        inner: Behaviour,
+        name: str,
+        limited: bool,
+        request: Callable[[], Any],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[Any]:
+        """A server-streaming call, admitted and counted as one of its client's
+        streams; ``request`` checks the request (or wraps the stream) once admitted."""
+        client = await self._admit(context, limited)
+        if limited:
+            await self._open_stream(context, client)
+        try:
+            async for item in _responses(inner, request(), context):
+                yield item
+        except Exception as e:
+            await _refuse(context, e, name)
+        finally:
+            if limited:
+                self.streams.release(client)
 
 
 async def _responses(
