@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,21 +20,6 @@ from controller.core.records import NodeRecord
 from controller.store.engine import default_sqlite_url, open_engine
 from controller.store.models import AllocationRow, EventRow
 from controller.store.sql_store import SqlStore, SqlTx
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = default_sqlite_url(tmp_path)
-    else:
-        url = request.getfixturevalue("postgres_url")
-    eng = open_engine(url)
-    yield eng
-    if request.param == "postgresql":
-        SQLModel.metadata.drop_all(eng)
-        with eng.begin() as conn:
-            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
-    eng.dispose()
 
 
 def test_migrations_build_exactly_the_models(engine: Engine) -> None:

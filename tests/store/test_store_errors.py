@@ -5,36 +5,17 @@ secrets among them) or the driver's text, which go to the log as one line."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
-from sqlmodel import SQLModel
 
 from controller.api.errors import status_for
 from controller.core.records import NodeRecord
-from controller.store.engine import default_sqlite_url, open_engine
 from controller.store.models import GpuRow
 from controller.store.sql_store import SqlStore, SqlTx, StoreFailed
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = default_sqlite_url(tmp_path)
-    else:
-        url = request.getfixturevalue("postgres_url")
-    eng = open_engine(url)
-    yield eng
-    if request.param == "postgresql":
-        SQLModel.metadata.drop_all(eng)
-        with eng.begin() as conn:
-            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
-    eng.dispose()
 
 
 def broken_sql(tx: SqlTx) -> None:
