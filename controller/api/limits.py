@@ -21,7 +21,11 @@ For every call, in this order:
    the field and its limit, never the value. Every message an agent sends on
    its stream is checked as it arrives (the servicer sees the refusal raised
    from its request iterator).
-4. **Last line**: an exception a servicer let escape never reaches the client
+4. **The client's deadline** (unary calls): the time the client has left is
+   opened as the request's deadline (``controller.core.deadline``), so slow
+   work for it -- BMC calls and their retries -- stops in time to answer with
+   its own error rather than the client's "deadline exceeded".
+5. **Last line**: an exception a servicer let escape never reaches the client
    as text: a ``KilnError`` gets its status (``errors.status_for``), anything
    else INTERNAL with a generic message (and the traceback in the log).
 
@@ -44,6 +48,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from controller.api.errors import message_for, status_for
+from controller.core.deadline import caller_deadline
 from controller.core.errors import InvalidArgument, KilnError
 from controller.core.nodes import MAX_GPUS_PER_NODE, NAME_MAX
 from kiln.v1 import agent_pb2, fleet_pb2
@@ -378,7 +383,9 @@ class RequestLimits(grpc.aio.ServerInterceptor):
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await self._admit(context, limited)
             try:
-                return await inner(_checked(request), context)
+                # Work for this call (BMC retries) ends in time to answer.
+                with caller_deadline(context.time_remaining()):
+                    return await inner(_checked(request), context)
             except Exception as e:
                 await _refuse(context, e, name)
 

@@ -30,6 +30,7 @@ from controller.bmc.types import (
     SensorReadings,
     VirtualMediaState,
 )
+from controller.core.deadline import bounded
 from controller.core.errors import BmcError, BmcTimeout
 
 LOG = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class _Capability:
 
     async def _one(self, operation: str, fn: Callable[[], T]) -> T:
         """One state change under the per-BMC operation lock."""
-        async with self._guard.exclusive():
+        async with self._guard.exclusive_until(None, operation):
             return await self._guard.call(operation, fn)
 
 
@@ -108,10 +109,11 @@ class PowerControl(_Capability):
     ) -> PowerState:
         guard = self._guard
         clock = guard.clock
+        timeout = bounded(timeout)  # the caller's deadline comes first
         deadline = clock.monotonic() + timeout
         resend = self.resend_after if resend_after is None else resend_after
         target = action.final_state
-        async with guard.exclusive():
+        async with guard.exclusive_until(deadline, f"power {action.value}"):
             current = await guard.call("power state", self._driver.power_state, deadline=deadline)
             if action in (PowerAction.ON, PowerAction.OFF, PowerAction.FORCE_OFF):
                 if current is target:
@@ -264,7 +266,7 @@ class FirmwareControl(_Capability):
         guard = self._guard
         clock = guard.clock
         deadline = clock.monotonic() + timeout
-        async with guard.exclusive():
+        async with guard.exclusive_until(deadline, "firmware update"):
             # Starting an update is not idempotent: never retry the POST.
             monitor = await guard.call(
                 "firmware update", lambda: self._driver.firmware_start(image_url, targets)

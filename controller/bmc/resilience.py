@@ -30,11 +30,12 @@ are measured in real time (``time.monotonic``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -48,6 +49,7 @@ from controller.bmc.errors import (
 )
 from controller.bmc.types import BmcHealth
 from controller.bmc.workers import WorkerPoolClosed
+from controller.core.deadline import seconds_left as caller_seconds_left
 from controller.core.errors import BmcError, BmcTimeout, KilnError
 
 LOG = logging.getLogger(__name__)
@@ -242,6 +244,34 @@ class BmcGuard:
         """The per-BMC operation lock; hold it for a multi-call state change."""
         return self._lock
 
+    @contextlib.asynccontextmanager
+    async def exclusive_until(self, deadline: float | None, operation: str) -> AsyncIterator[None]:
+        """Hold the operation lock, waiting for it no later than ``deadline``
+        (clock.monotonic() value) or the current request's deadline.
+
+        Raises:
+            BmcBusy: another state change kept the lock until then.
+        """
+        deadline = self.within_caller(deadline)
+        if deadline is None:
+            async with self._lock:
+                yield
+            return
+        wait = max(0.0, deadline - self.clock.monotonic())
+        try:
+            await asyncio.wait_for(self._lock.acquire(), timeout=wait)
+        except TimeoutError:
+            raise BmcBusy(
+                host=self.host,
+                operation=operation,
+                seconds=wait,
+                waiting_for="another state change of this BMC to finish",
+            ) from None
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     @property
     def in_flight(self) -> int:
         """Blocking calls to this BMC not yet returned (stuck ones included)."""
@@ -253,9 +283,13 @@ class BmcGuard:
         """Run ``fn`` (blocking) in the executor with a hard deadline and retries.
 
         ``deadline`` (clock.monotonic() value) bounds the whole call including
-        retries. Raises the last error once retries are exhausted; the breaker
-        error when open (also when every slot is held by a stuck call).
+        retries, and so does the deadline of the request being served
+        (``controller.core.deadline``): a retry that would outlast either is not
+        made, so the caller hears the BMC's own error in time. Raises the last
+        error once retries are exhausted; the breaker error when open (also
+        when every slot is held by a stuck call).
         """
+        deadline = self.within_caller(deadline)
         retry = 0
         while True:
             self.breaker.before_call()
@@ -300,6 +334,15 @@ class BmcGuard:
                 pause,
             )
             await self.clock.sleep(pause)
+
+    def within_caller(self, deadline: float | None) -> float | None:
+        """``deadline`` (clock.monotonic() value), brought forward to the
+        current request's deadline when that comes first."""
+        left = caller_seconds_left()
+        if left is None:
+            return deadline
+        caller = self.clock.monotonic() + left
+        return caller if deadline is None else min(deadline, caller)
 
     async def _attempt(self, operation: str, fn: Callable[[], T], timeout: float) -> T:
         """One try: a slot, then the blocking call under a hard deadline."""
