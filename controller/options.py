@@ -226,6 +226,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mqtt", type=host_port, default=None, help="HOST:PORT of the MQTT broker for events"
     )
+    bmc = p.add_argument_group("BMCs", "how the controller talks to BMCs (docs/bmc.md)")
+    bmc.add_argument(
+        "--bmc-call-timeout",
+        type=seconds,
+        default=10.0,
+        help="hard deadline of one BMC call, each retry its own (default %(default)s)",
+    )
+    bmc.add_argument(
+        "--bmc-power-timeout",
+        type=seconds,
+        default=120.0,
+        help="seconds a power change may take to show before it fails (default %(default)s)",
+    )
+    bmc.add_argument(
+        "--bmc-power-resend-after",
+        type=seconds,
+        default=30.0,
+        help="seconds after which an accepted power command that changed nothing is sent "
+        "once more (default %(default)s)",
+    )
+    bmc.add_argument(
+        "--bmc-workers",
+        type=positive,
+        default=256,
+        help="threads for blocking BMC calls, split per protocol (IPMI at most 32) so "
+        "one protocol's dead BMCs cannot starve another's (default %(default)s)",
+    )
     tls = p.add_argument_group(
         "TLS", "serve gRPC over TLS (default: plaintext); see README, Securing the agent stream"
     )
@@ -304,6 +331,10 @@ def parse(argv: list[str] | None = None) -> Options:
         sample_interval=args.sample_interval,
         mqtt=args.mqtt,
         power_sync_interval=args.power_sync_interval,
+        bmc_call_timeout=args.bmc_call_timeout,
+        bmc_power_timeout=args.bmc_power_timeout,
+        bmc_power_resend_after=args.bmc_power_resend_after,
+        bmc_workers=args.bmc_workers,
         reconcile_interval=args.reconcile_interval,
         agent_silent_after=args.agent_silent_after,
         bmc_thermal_interval=args.bmc_thermal_interval,

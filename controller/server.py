@@ -179,6 +179,7 @@ class ControllerConfig:
     sample_interval: float = 5.0
     bmc_call_timeout: float = 10.0
     bmc_power_timeout: float = 120.0
+    bmc_power_resend_after: float = 30.0  # an unapplied power command is sent once more
     bmc_workers: int = 256
     profiles: ProfileCatalog | None = field(default=None, repr=False)
     rules: RuleSet | None = field(default=None, repr=False)  # None: rules_file or defaults
@@ -307,7 +308,11 @@ class ControllerServer:
         secrets = SecretBox.from_key_file(cfg.secret_key_file or self._state_dir() / "secret.key")
         self.store = SqlStore(engine, secrets=secrets)
         bmc = self._bmc or PoolGateway(
-            BmcPool(max_workers=cfg.bmc_workers, call_timeout=cfg.bmc_call_timeout),
+            BmcPool(
+                max_workers=cfg.bmc_workers,
+                call_timeout=cfg.bmc_call_timeout,
+                power_resend_after=cfg.bmc_power_resend_after,
+            ),
             power_timeout=cfg.bmc_power_timeout,
         )
         self._bmc = bmc

@@ -72,6 +72,13 @@ CASES = {
     "bmc-thermal-interval-negative": Case(
         lambda _: ["--bmc-thermal-interval", "-2.5"], "--bmc-thermal-interval: must"
     ),
+    "bmc-call-timeout-0": Case(
+        lambda _: ["--bmc-call-timeout", "0"], f"--bmc-call-timeout: {NOT_POSITIVE}, not 0"
+    ),
+    "bmc-power-resend-after-nan": Case(
+        lambda _: ["--bmc-power-resend-after", "nan"], "--bmc-power-resend-after: must"
+    ),
+    "bmc-workers-0": Case(lambda _: ["--bmc-workers", "0"], "--bmc-workers: must be at least 1"),
     "interval-not-a-number": Case(
         lambda _: ["--power-sync-interval", "soon"], "--power-sync-interval: 'soon' is not"
     ),
@@ -205,3 +212,35 @@ def test_a_read_only_postgresql_database(postgres_url: str, tmp_path: Path) -> N
         ).scalar()
     engine.dispose()
     assert probes == 0
+
+
+@pytest.mark.timeout(60)
+async def test_the_bmc_options_reach_the_bmc_pool(tmp_path: Path) -> None:
+    from controller.options import parse
+    from controller.server import ControllerServer
+
+    config = parse(
+        [
+            "--state-dir",
+            str(tmp_path),
+            "--listen",
+            "127.0.0.1:0",
+            "--bmc-call-timeout",
+            "4",
+            "--bmc-power-timeout",
+            "50",
+            "--bmc-power-resend-after",
+            "7.5",
+            "--bmc-workers",
+            "16",
+        ]
+    ).config
+    server = ControllerServer(config)
+    await server.start()
+    try:
+        gateway = server._bmc
+        pool = gateway._pool  # type: ignore[union-attr]
+        assert (pool.call_timeout, pool.power_resend_after, pool._max_workers) == (4.0, 7.5, 16)
+        assert gateway._power_timeout == 50.0  # type: ignore[union-attr]
+    finally:
+        await server.stop()
