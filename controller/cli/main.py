@@ -42,7 +42,7 @@ from typing import Any
 # hence here, first; an operator's own setting wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from controller.cli import access, alloc, events, nodes, racks, sim
+from controller.cli import access, alloc, certs, events, nodes, racks, sim
 from controller.cli.client import (
     CONTROLLER_ENV,
     DEFAULT_CONTROLLER,
@@ -77,7 +77,7 @@ class Plugin:
     help: str
 
 
-_MODULES: tuple[ModuleType, ...] = (nodes, racks, alloc, events, sim, access)
+_MODULES: tuple[ModuleType, ...] = (nodes, racks, alloc, events, sim, access, certs)
 _PLUGINS: tuple[Plugin, ...] = (
     Plugin("demo", "controller.cli.demo", "run a simulated fleet end to end"),
 )
