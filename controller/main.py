@@ -1,4 +1,6 @@
-"""``kiln-controller``: run Kiln's central service.
+"""``kiln-controller``: run Kiln's central service
+(``kiln-controller rotate-key``: re-seal the stored BMC passwords, see
+``controller/rotate_key.py``).
 
 Exit status, for the supervisor (``docs/operations.md``):
 
@@ -96,6 +98,11 @@ def _fail(message: str | Exception, code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["rotate-key"]:
+        from controller import rotate_key
+
+        return rotate_key.main(argv[1:])
     try:
         options = parse(argv)
     except KilnError as e:  # an option or a file it names; nothing opened yet

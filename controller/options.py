@@ -416,6 +416,11 @@ def load_rule_file(path: Path | None) -> RuleSet | None:
         raise OptionError.file("--rules", path.name, str(e)) from e
 
 
+def check_db_url(url: str) -> None:
+    """``url`` names a database Kiln runs on (OptionError naming --db if not)."""
+    _check_url(url)
+
+
 def _check_url(url: str) -> None:
     try:
         parsed = make_url(url)

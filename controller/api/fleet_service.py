@@ -88,6 +88,13 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         return convert.node_pb(await self._fleet.drain(request.name, request.reason))
 
     @unary
+    async def SetNodeCredentials(
+        self, request: fleet_pb2.SetNodeCredentialsRequest, context: Ctx
+    ) -> fleet_pb2.Node:
+        node = await self._fleet.set_credentials(request.name, request.username, request.password)
+        return convert.node_pb(node)
+
+    @unary
     async def UndrainNode(
         self, request: fleet_pb2.UndrainNodeRequest, context: Ctx
     ) -> fleet_pb2.Node:

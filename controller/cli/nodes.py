@@ -79,6 +79,23 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_enroll)
 
     p = sub.add_parser(
+        "set-credentials",
+        help="replace a node's BMC username and password (admin)",
+        description="Replace the BMC credentials Kiln uses for a node (after they were "
+        "rotated on the BMC). The password is read from a file, never the command line, "
+        "and stored sealed; the next BMC call uses it.",
+    )
+    p.add_argument("name")
+    p.add_argument("--username", required=True)
+    p.add_argument(
+        "--password-file",
+        required=True,
+        metavar="FILE",
+        help="file holding the new BMC password ('-': standard input); never printed",
+    )
+    p.set_defaults(func=cmd_set_credentials)
+
+    p = sub.add_parser(
         "agent-token", help="issue a node's agent token (replacing its last) into a file"
     )
     p.add_argument("name")
@@ -170,6 +187,16 @@ def cmd_enroll(args: argparse.Namespace) -> int:
         if args.agent_token_file is not None:
             _write_agent_token(session, node.name, args.agent_token_file)
         _emit_node_line(session.json, node, "enrolled")
+    return 0
+
+
+def cmd_set_credentials(args: argparse.Namespace) -> int:
+    request = fleet_pb2.SetNodeCredentialsRequest(
+        name=args.name, username=args.username, password=read_password(args.password_file)
+    )
+    with connect(args) as session:
+        node = session.stub.SetNodeCredentials(request, timeout=session.timeout)
+        _emit_node_line(session.json, node, f"BMC credentials replaced (user {node.bmc_username})")
     return 0
 
 

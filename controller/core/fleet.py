@@ -167,6 +167,13 @@ class Fleet:
         """See ``Nodes.power_many``."""
         return self.nodes.power_many(scope, action, concurrency=concurrency)
 
+    async def set_credentials(self, name: str, username: str, password: str) -> NodeInfo:
+        """See ``Nodes.set_credentials``; a node held back by a refused login
+        is looked at again at once."""
+        node = await self.nodes.set_credentials(name, username, password)
+        self.lifecycle.wake()
+        return node
+
     async def drain(self, name: str, reason: str) -> NodeInfo:
         node = await self.nodes.drain(name, reason)
         self.lifecycle.wake()

@@ -10,6 +10,7 @@ class EventKind(StrEnum):
     that new kinds never break old consumers; they ignore kinds they don't know."""
 
     NODE_ENROLLED = "node.enrolled"
+    NODE_CREDENTIALS = "node.credentials"
     NODE_TRANSITION = "node.transition"
     NODE_POWER = "node.power"
     NODE_AGENT = "node.agent"

@@ -290,6 +290,35 @@ class Nodes:
         log.info("node %s: enrolled with BMC %s", spec.name, url)
         return await self.get(spec.name)
 
+    async def set_credentials(self, name: str, username: str, password: str) -> NodeInfo:
+        """Replace a node's BMC credentials, checked against its protocol's
+        rules first (IPMI's 20-byte passwords); the next BMC call uses them.
+
+        Raises:
+            InvalidArgument: no username, or credentials the protocol cannot carry.
+            NotFound: unknown node.
+        """
+        if not username:
+            raise InvalidArgument("a BMC username is required")
+        if not password:
+            raise InvalidArgument("a BMC password is required")
+
+        def write(tx: Tx) -> None:
+            node = load_node(tx, name)
+            self._bmc.validate_target(node.bmc_url, username, password)
+            tx.nodes.set_credentials(node, username, password)
+            record(
+                tx,
+                EventKind.NODE_CREDENTIALS,
+                node=name,
+                reason=f"BMC credentials replaced (user {username})",
+            )
+
+        await self._store.tx(write)
+        self._bmc.forget(name)
+        log.info("node %s: BMC credentials replaced (user %s)", name, username)
+        return await self.get(name)
+
     async def drain(self, name: str, reason: str) -> NodeInfo:
         def write(tx: Tx) -> None:
             node = load_node(tx, name)

@@ -53,6 +53,10 @@ class NodeRepository(Protocol):
         """Write back every field of a record read in this transaction."""
         ...
 
+    def set_credentials(self, node: NodeRecord, username: str, bmc_password: str) -> None:
+        """Replace the node's BMC username and password (sealed at rest)."""
+        ...
+
     def save_health(self, name: str, health: HealthReport, seen_at: float) -> NodeRecord | None:
         """Keep ``health`` as the node's latest report; None for an unknown node."""
         ...

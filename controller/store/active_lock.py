@@ -124,6 +124,10 @@ class ActiveLock:
         self._file = handle
         return True
 
+    def try_acquire(self) -> bool:
+        """Take the lock if no controller holds it; never waits. Blocking."""
+        return self._try()
+
     async def acquire(self, on_wait: Callable[[], None] | None = None) -> None:
         """Return once this controller holds the lock; call ``on_wait`` once if it
         has to wait for another controller first.

@@ -210,6 +210,13 @@ class SqlNodes:
         self._session.add(row)
         self._session.flush()
 
+    def set_credentials(self, node: NodeRecord, username: str, bmc_password: str) -> None:
+        node.bmc_username = username
+        self.save(node)
+        row = self._row(node.name)
+        assert row is not None  # save raised otherwise
+        row.bmc_password = self._secrets.seal(bmc_password)
+
     def save(self, node: NodeRecord) -> None:
         row = self._row(node.name)
         if row is None:

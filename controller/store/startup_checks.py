@@ -26,9 +26,10 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
-from controller.core.errors import FailedPrecondition, Unavailable
+from controller.core.errors import FailedPrecondition, KilnError, Unavailable
 from controller.store.active_lock import one_line
 from controller.store.engine import open_engine
+from controller.store.key_rotation import next_key_path
 from controller.store.models import NodeRow
 from controller.store.secrets import PREFIX, SecretBox
 
@@ -56,6 +57,13 @@ class SecretKeyMismatch(FailedPrecondition):
     template = (
         "this key does not open the BMC passwords stored in the database (they were "
         "sealed with another key); give the key file the nodes were enrolled under"
+    )
+
+
+class RotationUnfinished(FailedPrecondition):
+    template = (
+        "this key no longer opens the stored BMC passwords, but %(pending)s beside it does: "
+        "a key rotation was interrupted; run `kiln-controller rotate-key` again to finish it"
     )
 
 
@@ -152,7 +160,17 @@ def check_secret_key(url: str, key_file: Path) -> None:
     try:
         box.open(sealed)
     except FailedPrecondition as e:
+        if _opens(next_key_path(key_file), sealed):
+            raise RotationUnfinished(pending=next_key_path(key_file).name) from e
         raise SecretKeyMismatch() from e
+
+
+def _opens(key_file: Path, sealed: str) -> bool:
+    try:
+        SecretBox.from_key_file(key_file, create=False).open(sealed)
+    except (OSError, KilnError):
+        return False
+    return True
 
 
 def _one_sealed_password(engine: Engine) -> str | None:

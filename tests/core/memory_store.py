@@ -67,6 +67,11 @@ class MemoryNodes:
             raise KeyError(node.name)
         self._s.nodes[node.name] = copy.deepcopy(node)
 
+    def set_credentials(self, node: NodeRecord, username: str, bmc_password: str) -> None:
+        node.bmc_username = username
+        self.save(node)
+        self._s.passwords[node.name] = bmc_password
+
     def save_health(self, name: str, health: HealthReport, seen_at: float) -> NodeRecord | None:
         node = self._s.nodes.get(name)
         if node is None:
