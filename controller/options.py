@@ -34,6 +34,7 @@ from controller.core.errors import InvalidArgument, KilnError
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.queues import load_queues
+from controller.events.broker import BrokerAccess, BrokerTls, read_password_file
 from controller.placement import QueueConfig
 from controller.policies import RuleSet, load_rules
 from controller.server import ControllerConfig
@@ -226,6 +227,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mqtt", type=host_port, default=None, help="HOST:PORT of the MQTT broker for events"
     )
+    mqtt = p.add_argument_group("MQTT broker", "how the controller signs in to --mqtt")
+    mqtt.add_argument("--mqtt-username", default=None, help="broker user name")
+    mqtt.add_argument(
+        "--mqtt-password-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="file holding the broker password (first line); never on the command line",
+    )
+    mqtt.add_argument(
+        "--mqtt-tls", action="store_true", help="TLS to the broker, verified by the system CAs"
+    )
+    mqtt.add_argument(
+        "--mqtt-tls-ca", type=Path, default=None, help="TLS, verified by this CA (PEM)"
+    )
+    mqtt.add_argument("--mqtt-tls-cert", type=Path, default=None, help="client certificate (PEM)")
+    mqtt.add_argument("--mqtt-tls-key", type=Path, default=None, help="its private key (PEM)")
     bmc = p.add_argument_group("BMCs", "how the controller talks to BMCs (docs/bmc.md)")
     bmc.add_argument(
         "--bmc-call-timeout",
@@ -313,6 +331,7 @@ def parse(argv: list[str] | None = None) -> Options:
     server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca)
     if args.mqtt is not None and args.mqtt.endswith(":0"):
         raise OptionError.value("--mqtt", args.mqtt, "the broker's port cannot be 0")
+    mqtt_access = _broker_access(args)
     if args.db is not None:
         _check_url(args.db)
     key_file = args.secret_key_file or args.state_dir / "secret.key"
@@ -330,6 +349,7 @@ def parse(argv: list[str] | None = None) -> Options:
         rules=load_rule_file(args.rules),
         sample_interval=args.sample_interval,
         mqtt=args.mqtt,
+        mqtt_access=mqtt_access,
         power_sync_interval=args.power_sync_interval,
         bmc_call_timeout=args.bmc_call_timeout,
         bmc_power_timeout=args.bmc_power_timeout,
@@ -414,6 +434,26 @@ def load_rule_file(path: Path | None) -> RuleSet | None:
         return load_rules(text)
     except InvalidArgument as e:
         raise OptionError.file("--rules", path.name, str(e)) from e
+
+
+def _broker_access(args: argparse.Namespace) -> BrokerAccess | None:
+    """The MQTT broker's credentials and TLS, every file read and loaded now."""
+    tls_files = (args.mqtt_tls_ca, args.mqtt_tls_cert, args.mqtt_tls_key)
+    given = args.mqtt_username is not None or args.mqtt_password_file is not None
+    if not (given or args.mqtt_tls or any(f is not None for f in tls_files)):
+        return None
+    if args.mqtt is None:
+        raise OptionError("--mqtt-* options need --mqtt HOST:PORT")
+    if (args.mqtt_username is None) != (args.mqtt_password_file is None):
+        raise OptionError("--mqtt-username and --mqtt-password-file go together")
+    password = None
+    if args.mqtt_password_file is not None:
+        password = read_password_file(args.mqtt_password_file)
+    tls = None
+    if args.mqtt_tls or any(f is not None for f in tls_files):
+        tls = BrokerTls(*tls_files)
+        tls.context()  # loads every file: a bad one stops the start here
+    return BrokerAccess(username=args.mqtt_username, password=password, tls=tls)
 
 
 def check_db_url(url: str) -> None:

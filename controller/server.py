@@ -50,6 +50,7 @@ from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
+from controller.events.broker import BrokerAccess
 from controller.events.publisher import MqttPublisher
 from controller.placement import QueueConfig
 from controller.policies import RuleSet, load_rules_file
@@ -185,6 +186,7 @@ class ControllerConfig:
     rules: RuleSet | None = field(default=None, repr=False)  # None: rules_file or defaults
     rules_file: Path | None = None
     mqtt: str | None = None  # HOST:PORT of the MQTT broker events go to
+    mqtt_access: BrokerAccess | None = None  # its credentials and TLS (None: anonymous, plain)
     power_sync_interval: float = 60.0
     agent_silent_after: float = 15.0  # then the BMC's thermal sensors feed the policies
     bmc_thermal_interval: float = 10.0
@@ -339,6 +341,7 @@ class ControllerServer:
                 host,
                 int(port),
                 client_id=f"kiln-controller-{uuid.uuid4().hex[:8]}",
+                access=cfg.mqtt_access,
             )
             self.store.on_commit(self.publisher.notify)
             self._publisher_task = asyncio.create_task(self.publisher.run(), name="kiln-mqtt")

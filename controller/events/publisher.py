@@ -21,6 +21,7 @@ import logging
 import aiomqtt
 
 from controller.core.errors import InvalidArgument
+from controller.events.broker import BrokerAccess
 from controller.events.model import Event
 from controller.events.outbox import EventOutbox
 from controller.events.topics import DEFAULT_PREFIX, topics_for
@@ -50,6 +51,7 @@ class MqttPublisher:
         poll_interval: float = 1.0,
         batch: int = 100,
         ack_timeout: float = 5.0,
+        access: BrokerAccess | None = None,
     ) -> None:
         if qos not in (1, 2):
             raise ValueError("the outbox relay needs acknowledged publishes: qos 1 or 2")
@@ -63,6 +65,8 @@ class MqttPublisher:
         self._poll_interval = poll_interval
         self._batch = batch
         self._ack_timeout = ack_timeout
+        self._access = access or BrokerAccess()
+        self._tls = self._access.tls.context() if self._access.tls is not None else None
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._connected = asyncio.Event()
@@ -87,11 +91,22 @@ class MqttPublisher:
         while not self._stopping.is_set():
             try:
                 async with aiomqtt.Client(
-                    self._host, self._port, identifier=self._client_id, timeout=self._ack_timeout
+                    self._host,
+                    self._port,
+                    identifier=self._client_id,
+                    timeout=self._ack_timeout,
+                    username=self._access.username,
+                    password=self._access.password,
+                    tls_context=self._tls,
                 ) as client:
                     client.pending_calls_threshold = self._batch * 4 + 10
                     self._connected.set()
-                    log.info("publishing events to MQTT %s:%s", self._host, self._port)
+                    log.info(
+                        "publishing events to MQTT %s:%s (%s)",
+                        self._host,
+                        self._port,
+                        self._access.summary,
+                    )
                     delay = self._backoff[0]
                     await self._pump(client)
             except aiomqtt.MqttError as e:

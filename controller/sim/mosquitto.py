@@ -1,7 +1,8 @@
 """A real Mosquitto broker on loopback, for tests and the simulated fleet.
 
 :class:`Mosquitto` writes a throw-away config (one listener on
-``127.0.0.1:<port>``, anonymous access, no persistence), runs the
+``127.0.0.1:<port>``, no persistence; anonymous unless ``users`` are given,
+plaintext unless ``tls`` is), runs the
 ``mosquitto`` binary found on ``PATH``, and waits until it accepts
 connections. ``stop()`` then ``start()`` restarts it on the same port, which
 is how tests simulate a broker outage.
@@ -12,9 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
+import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -28,6 +33,17 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 
 
+@dataclass(frozen=True)
+class BrokerCertificates:
+    """The broker's TLS files; clients must show a certificate from ``ca_file``
+    when ``require_client_cert``."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    require_client_cert: bool = False
+
+
 class Mosquitto:
     """One Mosquitto process on ``127.0.0.1``; ``port`` stays fixed across restarts.
 
@@ -37,8 +53,16 @@ class Mosquitto:
     """
 
     def __init__(
-        self, *, port: int | None = None, binary: str = "mosquitto", start_timeout: float = 10.0
+        self,
+        *,
+        port: int | None = None,
+        binary: str = "mosquitto",
+        start_timeout: float = 10.0,
+        users: Mapping[str, str] | None = None,
+        tls: BrokerCertificates | None = None,
     ) -> None:
+        self.users = dict(users or {})
+        self.tls = tls
         self.host = HOST
         self.port = port if port is not None else free_port(HOST)
         self._binary = binary
@@ -64,14 +88,7 @@ class Mosquitto:
             self._dir = tempfile.TemporaryDirectory(prefix="kiln-mosquitto-")
         workdir = Path(self._dir.name)
         config = workdir / "mosquitto.conf"
-        config.write_text(
-            f"listener {self.port} {HOST}\n"
-            "allow_anonymous true\n"
-            "persistence false\n"
-            "log_dest stderr\n"
-            "log_type error\nlog_type warning\nlog_type notice\n",
-            encoding="utf-8",
-        )
+        config.write_text(self._config(workdir), encoding="utf-8")
         if self._log is not None:
             self._log.close()
         self._log = (workdir / "mosquitto.log").open("ab")
@@ -89,6 +106,36 @@ class Mosquitto:
             await self.stop()
             raise
         log.info("mosquitto listening on %s:%s (pid %s)", HOST, self.port, self._proc.pid)
+
+    def _config(self, workdir: Path) -> str:
+        lines = [f"listener {self.port} {HOST}", "persistence false", "log_dest stderr"]
+        lines += ["log_type error", "log_type warning", "log_type notice"]
+        if os.geteuid() == 0:
+            # Started as root, mosquitto would become user "mosquitto" and lose
+            # the private files of this throw-away broker (password file, key).
+            lines.append("user root")
+        if self.users:
+            passwords = workdir / "passwords"
+            passwords.write_text("", encoding="utf-8")
+            passwords.chmod(0o600)
+            tool = shutil.which("mosquitto_passwd")
+            if tool is None:
+                raise FailedPrecondition("mosquitto_passwd is not installed (Debian: mosquitto)")
+            for user, password in self.users.items():
+                subprocess.run(
+                    [tool, "-b", str(passwords), user, password], check=True, capture_output=True
+                )
+            lines += ["allow_anonymous false", f"password_file {passwords}"]
+        else:
+            lines.append("allow_anonymous true")
+        if self.tls is not None:
+            lines += [
+                f"cafile {self.tls.ca_file}",
+                f"certfile {self.tls.cert_file}",
+                f"keyfile {self.tls.key_file}",
+                f"require_certificate {'true' if self.tls.require_client_cert else 'false'}",
+            ]
+        return "\n".join(lines) + "\n"
 
     async def stop(self) -> None:
         """Terminate the broker (SIGTERM, then SIGKILL after 5s). Idempotent."""
