@@ -3,6 +3,13 @@
 Only transient faults are retried: the BMC did not answer (connection refused,
 reset, timed out) or answered with a server-side error (5xx, e.g. 503 while
 the BMC is busy). Authentication failures and other 4xx answers are final.
+
+An answer Kiln cannot use (``BmcBadResponse``: not JSON, wrong types, missing
+fields, over the size cap) is final too -- the same BMC would send the same
+answer again -- but unlike a 4xx it counts against the breaker: the node's
+BMC health turns "degraded" with the reason at once, and a BMC that sends
+nothing else for ``breaker_threshold`` calls in a row is failed fast like one
+that does not answer, so its node takes no new work while Kiln cannot read it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,16 @@ class BmcServerError(BmcError, Unavailable):
     """The BMC answered with a server-side (5xx) error; worth retrying."""
 
     template = "BMC %(host)s answered %(status)s: %(reason)s"
+
+
+class BmcBadResponse(BmcError):
+    """The BMC answered, but with something Kiln cannot use: not JSON (or
+    not UTF-8, or truncated), nested too deeply, over the response size cap,
+    a field of the wrong type, or a required field missing. ``reason`` names
+    the resource and what was wrong; it quotes at most a short excerpt of
+    the answer, never the whole body."""
+
+    template = "BMC %(host)s sent a bad answer to %(operation)s: %(reason)s"
 
 
 class BmcBreakerOpen(BmcUnreachable):
@@ -79,6 +96,10 @@ def counts_against_breaker(exc: BaseException) -> bool:
 
     NotSupported and 4xx answers mean the BMC is alive; they do not open the
     breaker. Authentication failures do not either: the BMC answered. A call
-    that never got its turn (``BmcBusy``) says nothing about the BMC.
+    that never got its turn (``BmcBusy``) says nothing about the BMC. A bad
+    answer (``BmcBadResponse``) is not retried but does count: it is what
+    marks the node's BMC health "degraded" with the reason.
     """
+    if isinstance(exc, BmcBadResponse):
+        return True
     return is_transient(exc) and not isinstance(exc, BmcBusy)

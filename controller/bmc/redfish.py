@@ -3,12 +3,46 @@
 Translation tables sit at the top; sushy exceptions become Kiln errors in
 ``_edge``. One ``RedfishDriver`` serves one BMC system and is used by one
 thread at a time (the pool serializes calls per BMC).
+
+Broken answers. A BMC's answer is data from outside, and a broken one must
+flag that node and nothing else:
+
+* Size: the driver reads at most ``MAX_RESPONSE_BYTES`` (16 MiB) of any
+  answer. An HTTP adapter mounted on sushy's requests session reads every
+  body itself, in 64 KiB chunks: a ``Content-Length`` over the cap is refused
+  before the body is read, and a body without one (chunked, or until close)
+  is dropped, and the connection closed, as soon as it passes the cap, so
+  memory stays near the cap however much the BMC sends.
+* Form: every successful GET answer must be UTF-8 JSON nested at most
+  ``MAX_JSON_DEPTH`` levels (no ``NaN``/``Infinity``, no 5000-digit
+  integers); the adapter checks it before sushy sees it, so sushy never logs
+  a whole unparseable body.
+* Content: the reads -- power state, sensors, firmware inventory, BIOS
+  attributes, inventory, event log -- parse the documents themselves
+  (``_Doc``): a field of the wrong type, a required field or link that is
+  missing, or a link that is not a path on this BMC is named with its
+  resource.
+
+Any of these raises ``BmcBadResponse`` naming the host, the operation and
+what was wrong, quoting at most a short excerpt (the whole reason is cut at
+200 characters, and the BMC password is blanked should the BMC echo it).
+Nothing else escapes: whatever sushy or the parsing raises on such an answer
+(TypeError, KeyError, RecursionError, sushy's own errors ...) becomes a Kiln
+error in ``_edge``. For the guard a bad answer is an answer, so it is not
+retried (the BMC would send it again) and is not "unreachable"; it does count
+against the breaker (``counts_against_breaker``), so the node's BMC health
+reads "degraded" with the reason from the first bad answer, and a BMC that
+sends nothing but bad answers ``breaker_threshold`` times in a row is failed
+fast, and its node held back from new work, like one that does not answer.
+A good answer makes it "ok" again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -16,12 +50,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sushy
+from requests import PreparedRequest, Response
+from requests.adapters import HTTPAdapter
 from sushy import auth as sushy_auth
 from sushy import connector as sushy_connector
 from sushy import exceptions as sushy_exc
 from sushy.resources.system import system as sushy_system
 
-from controller.bmc.errors import BmcServerError, BmcTlsError
+from controller.bmc.errors import BmcBadResponse, BmcServerError, BmcTlsError
 from controller.bmc.types import (
     BootDevice,
     BootMode,
@@ -96,6 +132,271 @@ def _health(value: Any) -> Health:
     return HEALTH.get(value, Health.UNKNOWN)
 
 
+# --- what Kiln accepts from a BMC --------------------------------------------
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+"""The most bytes of one answer the driver reads (16 MiB). Real Redfish
+documents stay far below it (the largest, attribute registries and expanded
+log collections, are a few MiB)."""
+MAX_JSON_DEPTH = 64
+"""The deepest nesting accepted in an answer (Redfish documents nest < 10)."""
+_READ_CHUNK = 64 * 1024
+_PARSED = "kiln_document"  # the attribute on a requests.Response holding the parsed body
+_UNSET = object()
+
+
+class _BadAnswer(Exception):
+    """Raised while reading or parsing an answer; ``_edge`` turns it into
+    ``BmcBadResponse``. Deliberately not a requests exception, so that sushy's
+    connector lets it through unchanged."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _CappedAdapter(HTTPAdapter):
+    """requests' HTTP adapter, reading each body itself and at most ``limit``
+    bytes of it; a GET's 2xx body is also checked to be JSON (see
+    ``_decode_document``) and kept parsed on the response."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def send(
+        self, request: PreparedRequest, stream: bool = False, *args: Any, **kwargs: Any
+    ) -> Response:
+        response = super().send(request, True, *args, **kwargs)
+        try:
+            body = self._read(request, response)
+            if request.method == "GET" and 200 <= response.status_code < 300 and body:
+                setattr(response, _PARSED, _decode_document(body, _where(request)))
+        except BaseException:
+            response.close()  # drops the connection: the rest is never read
+            raise
+        # What requests' Response.content does, with a cap: the body is read.
+        response._content = body
+        response._content_consumed = True
+        return response
+
+    def _read(self, request: PreparedRequest, response: Response) -> bytes:
+        declared = response.headers.get("Content-Length", "").strip()
+        if request.method != "HEAD" and declared.isdigit() and int(declared) > self.limit:
+            raise _BadAnswer(
+                f"{_where(request)}: answer of {int(declared)} bytes is over the "
+                f"{_size(self.limit)} limit (not read)"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_content(_READ_CHUNK):
+            size += len(chunk)
+            if size > self.limit:
+                raise _BadAnswer(
+                    f"{_where(request)}: answer is over the {_size(self.limit)} limit "
+                    f"(stopped reading after {size} bytes)"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _where(request: PreparedRequest) -> str:
+    return _short(str(request.path_url or "/"), 100)
+
+
+def _size(limit: int) -> str:
+    return f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit} byte"
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _decode_document(body: bytes, where: str) -> Any:
+    """``body`` as JSON: UTF-8, no NaN/Infinity, at most ``MAX_JSON_DEPTH`` deep.
+
+    Raises:
+        _BadAnswer: naming ``where`` and what is wrong (with a short excerpt).
+    """
+    reason = None
+    doc: Any = None
+    try:
+        text = body.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        reason = f"{where}: not UTF-8 (byte 0x{body[e.start]:02x} at offset {e.start})"
+        text = ""
+    if reason is None and not text.strip():
+        reason = f"{where}: empty answer"
+    elif reason is None:
+        try:
+            doc = json.loads(text, parse_constant=_no_constant)
+        except json.JSONDecodeError as e:
+            near = _quote(text[max(0, e.pos - 20) : e.pos + 20])
+            what = e.msg.removesuffix(" at")  # "Unterminated string starting at"
+            reason = f"{where}: not JSON ({what} at offset {e.pos}, near {near})"
+        except RecursionError:
+            reason = f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        except ValueError as e:  # NaN, or an integer longer than Python converts
+            reason = f"{where}: not usable JSON ({_short(str(e), 80)})"
+    # Raised outside the except blocks: the error must not hold on to the body.
+    if reason is None and _depth_over(doc, MAX_JSON_DEPTH):
+        reason = f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    if reason is not None:
+        raise _BadAnswer(reason)
+    return doc
+
+
+def _depth_over(doc: Any, limit: int) -> bool:
+    """True when ``doc`` nests containers more than ``limit`` deep (no recursion)."""
+    level = [doc] if isinstance(doc, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for value in level:
+            items = value.values() if isinstance(value, dict) else value
+            below.extend(v for v in items if isinstance(v, dict | list))
+        level = below
+    return False
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, for an error message (quoting at most 40 characters)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"the number {_short(repr(value), 40)}"
+    if isinstance(value, str):
+        return f"the string {_quote(value)}"
+    if isinstance(value, list):
+        return f"a list of {len(value)} item(s)"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _quote(text: str, limit: int = 40) -> str:
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+class _Doc:
+    """One JSON object from the BMC: ``path`` is the resource it came from,
+    ``prefix`` where in it this object sits ("Temperatures[2]."). The getters
+    check each field's type and raise ``_BadAnswer`` naming the field."""
+
+    __slots__ = ("data", "path", "prefix")
+
+    def __init__(self, data: Any, path: str, prefix: str = "") -> None:
+        if not isinstance(data, dict):
+            what = f"{prefix.rstrip('.')} is" if prefix else "answer is"
+            raise _BadAnswer(f"{_short(path, 100)}: {what} {_kind(data)}, expected an object")
+        self.data: dict[str, Any] = data
+        self.path = path
+        self.prefix = prefix
+
+    def bad(self, key: str, problem: str) -> _BadAnswer:
+        name = f"{self.prefix}{key}".rstrip(".") or "answer"
+        return _BadAnswer(f"{_short(self.path, 100)}: {name} {problem}")
+
+    def _get(self, key: str, required: bool) -> Any:
+        if key not in self.data:
+            if required:
+                raise self.bad(key, "is missing")
+            return None
+        value = self.data[key]
+        if value is None and required:
+            raise self.bad(key, "is null")
+        return value
+
+    def text(self, key: str, *, required: bool = False) -> str | None:
+        value = self._get(key, required)
+        if value is not None and not isinstance(value, str):
+            raise self.bad(key, f"is {_kind(value)}, expected a string")
+        return value
+
+    def number(self, key: str) -> float | None:
+        value = self._get(key, False)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.bad(key, f"is {_kind(value)}, expected a number")
+        if not math.isfinite(value):
+            raise self.bad(key, "is not a finite number")
+        return float(value)
+
+    def integer(self, key: str) -> int | None:
+        value = self.number(key)
+        if value is not None and not value.is_integer():
+            raise self.bad(key, f"is {_kind(value)}, expected a whole number")
+        return None if value is None else int(value)
+
+    def obj(self, key: str, *, required: bool = False) -> _Doc | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.bad(key, f"is {_kind(value)}, expected an object")
+        return _Doc(value, self.path, f"{self.prefix}{key}.")
+
+    def objects(self, key: str, *, required: bool = False) -> list[_Doc]:
+        value = self._get(key, required)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.bad(key, f"is {_kind(value)}, expected a list")
+        return [_Doc(item, self.path, f"{self.prefix}{key}[{i}].") for i, item in enumerate(value)]
+
+    def link(self, key: str) -> str | None:
+        """A ``{"@odata.id": "/path"}`` link; None when absent."""
+        value = self._get(key, False)
+        return None if value is None else self._path_of(key, value)
+
+    def links(self, key: str, *, required: bool = False) -> list[str]:
+        """A list of links (a collection's ``Members``, ``Links.Chassis``)."""
+        value = self._get(key, required)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.bad(key, f"is {_kind(value)}, expected a list of links")
+        return [self._path_of(f"{key}[{i}]", item) for i, item in enumerate(value)]
+
+    def own_path(self) -> str:
+        """This object's own ``@odata.id`` (a collection member given as a link)."""
+        return self._path_of("", self.data)
+
+    def _path_of(self, key: str, value: Any) -> str:
+        if not isinstance(value, dict):
+            raise self.bad(key, f"is {_kind(value)}, expected a link")
+        path = value.get("@odata.id")
+        if path is None:
+            raise self.bad(key, "has no @odata.id")
+        if not isinstance(path, str):
+            raise self.bad(key, f"@odata.id is {_kind(path)}, expected a string")
+        if not path.startswith("/") or path.startswith("//"):
+            raise self.bad(key, f"@odata.id {_quote(path)} is not a path on this BMC")
+        return path.rstrip("/") or "/"
+
+
+def _status_health(doc: _Doc) -> Health:
+    status = doc.obj("Status")
+    return HEALTH.get(status.text("Health"), Health.UNKNOWN) if status else Health.UNKNOWN
+
+
+def _attributes(doc: _Doc) -> dict[str, Any]:
+    """A BIOS resource's ``Attributes``: a flat object of JSON scalars."""
+    attrs = doc.obj("Attributes", required=True)
+    assert attrs is not None  # required
+    for key, value in attrs.data.items():
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise attrs.bad(_quote(key), f"is {_kind(value)}, expected a string, number or boolean")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise attrs.bad(_quote(key), "is not a finite number")
+    return dict(attrs.data)
+
+
 class RedfishDriver:
     """Blocking Redfish calls for one system. Raises only Kiln errors."""
 
@@ -107,6 +408,7 @@ class RedfishDriver:
         *,
         request_timeout: float = 10.0,
         node: str = "",
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         self._address = address
         self._credentials = credentials
@@ -114,6 +416,7 @@ class RedfishDriver:
         self._timeout = request_timeout
         self._node = node or address.host
         self._label = f"{address.host}:{address.port}"
+        self._max_response_bytes = max_response_bytes
         self._conn: sushy.Sushy | None = None
         self._connector: Any = None
         self._system: sushy_system.System | None = None
@@ -123,12 +426,15 @@ class RedfishDriver:
     # --- plumbing ---------------------------------------------------------
     @contextlib.contextmanager
     def _edge(self, operation: str) -> Iterator[None]:
-        """Convert sushy/requests failures into Kiln errors."""
+        """Convert sushy/requests failures, and answers Kiln cannot use, into
+        Kiln errors: nothing else leaves the driver."""
         host = self._label
         try:
             yield
         except (BmcError, NotSupported):
             raise
+        except _BadAnswer as e:
+            raise self._bad(operation, e.reason) from None
         except sushy_exc.AccessError as e:
             if e.status_code == 401:
                 raise BmcAuthenticationFailed(host=host, username=self._credentials.username) from e
@@ -137,15 +443,16 @@ class RedfishDriver:
             if e.status_code == 501:
                 raise NotSupported(operation) from e
             raise BmcServerError(
-                host=host, status=e.status_code, reason=f"{operation}: {e.detail or 'error'}"
+                host=host, status=e.status_code, reason=f"{operation}: {self._text(e.detail)}"
             ) from e
         except sushy_exc.ResourceNotFoundError as e:
             raise NotSupported(operation) from e
         except sushy_exc.HTTPError as e:
             if e.status_code in (405, 501):
                 raise NotSupported(operation) from e
+            detail = self._text(e.detail, "")
             raise BmcError(
-                host=host, reason=f"{operation}: HTTP {e.status_code} {e.detail or ''}".strip()
+                host=host, reason=f"{operation}: HTTP {e.status_code} {detail}".strip()
             ) from e
         except sushy_exc.ConnectionError as e:
             self._reset_connection()
@@ -155,14 +462,43 @@ class RedfishDriver:
             if "timed out" in text.lower() or "timeout" in text.lower():
                 raise BmcTimeout(host=host, operation=operation, seconds=self._timeout) from e
             raise BmcUnreachable(host=host, reason=_short(_connection_reason(text))) from e
+        except sushy_exc.MalformedAttributeError as e:
+            # No chain, here and below: the cause may quote the whole answer.
+            raise self._bad(operation, str(e)) from None
         except (sushy_exc.MissingAttributeError, sushy_exc.MissingActionError) as e:
             raise NotSupported(operation) from e
         except sushy_exc.InvalidParameterValueError as e:
             raise NotSupported(operation) from e
         except sushy_exc.SushyError as e:
-            raise BmcError(host=host, reason=f"{operation}: {_short(str(e))}") from e
-        except (ValueError, KeyError, TypeError) as e:
-            raise BmcError(host=host, reason=f"{operation}: malformed answer ({e!r})") from e
+            raise BmcError(host=host, reason=f"{operation}: {self._text(str(e))}") from e
+        except RecursionError:
+            raise self._bad(operation, "nested too deeply to read") from None
+        except MemoryError:
+            raise self._bad(operation, "too large to read") from None
+        except (ValueError, LookupError, TypeError, AttributeError, ArithmeticError) as e:
+            # sushy tripping over a field of the wrong type ("string indices
+            # must be integers"), a bad value in a sushy resource ...
+            raise self._bad(operation, f"unexpected structure ({type(e).__name__}: {e})") from None
+        except Exception as e:
+            LOG.warning(
+                "node %s: Redfish %s %s raised %s", self._node, self._label, operation, type(e)
+            )
+            raise BmcError(
+                host=host, reason=f"{operation}: unexpected {type(e).__name__} in the driver"
+            ) from e
+
+    def _bad(self, operation: str, reason: str) -> BmcBadResponse:
+        error = BmcBadResponse(host=self._label, operation=operation, reason=self._text(reason))
+        LOG.info("node %s: %s", self._node, error)
+        return error
+
+    def _text(self, text: str | None, default: str = "error") -> str:
+        """BMC-supplied text for a message: the password blanked, cut at 200."""
+        text = str(text) if text else default
+        password = self._credentials.password
+        if password:
+            text = text.replace(password, "***")
+        return _short(text)
 
     def _reset_connection(self) -> None:
         with self._setup_lock:
@@ -181,12 +517,53 @@ class RedfishDriver:
                     default_request_timeout=self._timeout,
                     connect_timeout=min(self._timeout, 5.0),
                 )
+                # Every answer is read through the capped adapter (sushy has
+                # no public hook for its requests session's adapters).
+                adapter = _CappedAdapter(self._max_response_bytes)
+                connector._session.mount("https://", adapter)
+                connector._session.mount("http://", adapter)
                 auth = sushy_auth.BasicAuth(
                     username=self._credentials.username, password=self._credentials.password
                 )
-                self._conn = sushy.Sushy(self._address.base_url, auth=auth, connector=connector)
+                try:
+                    self._conn = sushy.Sushy(self._address.base_url, auth=auth, connector=connector)
+                except BaseException:  # no answer, or a bad service root
+                    connector.close()
+                    raise
                 self._connector = connector
             return self._conn
+
+    def _get(self, path: str) -> _Doc:
+        """GET ``path`` as a JSON object (read and checked by the adapter)."""
+        response = self._connector.get(path)
+        parsed = response.__dict__.get(_PARSED, _UNSET)
+        if parsed is _UNSET:  # an empty body, or not a 2xx answer
+            parsed = _decode_document(response.content, _short(path, 100))
+        return _Doc(parsed, path)
+
+    def _get_optional(self, path: str | None) -> _Doc | None:
+        """An optional sub-resource: absent or an HTTP error means "not reported"."""
+        if path is None:
+            return None
+        try:
+            return self._get(path)
+        except sushy_exc.HTTPError:
+            return None
+
+    def _get_unless_absent(self, path: str | None) -> _Doc | None:
+        """A resource this BMC may lack: None when absent (404, 405, 501)."""
+        if path is None:
+            return None
+        try:
+            return self._get(path)
+        except sushy_exc.HTTPError as e:
+            if e.status_code in (404, 405, 501):
+                return None
+            raise
+
+    def _system_doc(self) -> _Doc:
+        self._sushy()
+        return self._get(self._address.system_path)
 
     def _sys(self, refresh: bool = True) -> sushy_system.System:
         conn = self._sushy()
@@ -220,12 +597,14 @@ class RedfishDriver:
     # --- power --------------------------------------------------------------
     def power_state(self) -> PowerState:
         with self._edge("power state"):
-            self._sushy()
-            doc = self._connector.get(self._address.system_path).json()
-            wire = doc.get("PowerState")
-            if wire not in POWER_STATES:
-                raise BmcError(host=self._label, reason=f"unknown PowerState {wire!r}")
-            return POWER_STATES[wire]
+            system = self._system_doc()
+            wire = system.text("PowerState", required=True)
+            state = POWER_STATES.get(wire or "")
+            if state is None:
+                raise system.bad(
+                    "PowerState", f"{_quote(wire or '')} is not one of {', '.join(POWER_STATES)}"
+                )
+            return state
 
     def power_action(self, action: PowerAction) -> None:
         with self._edge(f"power {action.value}"):
@@ -305,15 +684,23 @@ class RedfishDriver:
         except (sushy_exc.MissingAttributeError, sushy_exc.ResourceNotFoundError) as e:
             raise NotSupported("BIOS attributes") from e
 
+    def _bios_doc(self) -> _Doc:
+        path = self._system_doc().link("Bios")
+        if path is None:
+            raise NotSupported("BIOS attributes")
+        return self._get(path)
+
     def bios_attributes(self) -> dict[str, Any]:
         with self._edge("BIOS attributes"):
-            return dict(self._bios().attributes or {})
+            return _attributes(self._bios_doc())
 
     def bios_pending(self) -> dict[str, Any]:
-        with self._edge("BIOS attributes"):
-            bios = self._bios()
-            bios.refresh(force=True)
-            return dict(bios.pending_attributes or {})
+        with self._edge("BIOS pending attributes"):
+            settings = self._bios_doc().obj("@Redfish.Settings")
+            path = settings.link("SettingsObject") if settings else None
+            if path is None:
+                raise NotSupported("BIOS pending attributes")
+            return _attributes(self._get(path))
 
     def bios_set(self, attrs: Mapping[str, Any]) -> None:
         with self._edge("BIOS attributes"):
@@ -329,27 +716,38 @@ class RedfishDriver:
     def firmware_inventory(self) -> list[FirmwareComponent]:
         """FirmwareInventory members; without one, the System's ``BiosVersion``."""
         with self._edge("firmware inventory"):
-            try:
-                members = self._update_service().firmware_inventory.get_members()
-            except (
-                NotSupported,
-                sushy_exc.MissingAttributeError,
-                sushy_exc.ResourceNotFoundError,
-            ) as e:
-                bios_version = self._sys().bios_version
+            root = _Doc(self._sushy().json, "/redfish/v1/")
+            service = self._get_unless_absent(root.link("UpdateService"))
+            inventory = self._get_unless_absent(
+                service.link("FirmwareInventory") if service else None
+            )
+            if inventory is None:
+                system = self._system_doc()
+                bios_version = system.text("BiosVersion")
                 if not bios_version:
-                    raise NotSupported("firmware inventory") from e
+                    raise NotSupported("firmware inventory")
                 return [
                     FirmwareComponent(
-                        id="BIOS", name="BIOS", version=str(bios_version), target=self._sys().path
+                        id="BIOS", name="BIOS", version=bios_version, target=system.path
                     )
                 ]
-            return [
-                FirmwareComponent(
-                    id=m.identity, name=m.name or m.identity, version=m.version or "", target=m.path
+            components = []
+            for path in inventory.links("Members", required=True):
+                try:
+                    member = self._get(path)
+                except sushy_exc.ResourceNotFoundError:
+                    LOG.debug("node %s: firmware %s vanished; skipped", self._node, path)
+                    continue
+                identity = member.text("Id", required=True) or ""
+                components.append(
+                    FirmwareComponent(
+                        id=identity,
+                        name=member.text("Name") or identity,
+                        version=member.text("Version") or "",
+                        target=path,
+                    )
                 )
-                for m in members
-            ]
+            return components
 
     def firmware_start(self, image_url: str, targets: list[str] | None) -> str | None:
         """Start SimpleUpdate; return a task monitor path or None when it finished at once."""
@@ -384,108 +782,86 @@ class RedfishDriver:
     # --- sensors, inventory, logs --------------------------------------------
     def sensors(self) -> SensorReadings:
         with self._edge("sensors"):
-            system = self._sys()
+            system = self._system_doc()
+            links = system.obj("Links")
             temps: list[SensorReading] = []
             fans: list[SensorReading] = []
             watts: float | None = None
-            for chassis in _safe_list(lambda: system.chassis):
-                thermal = _safe(lambda c=chassis: c.thermal)
+            for path in links.links("Chassis") if links else []:
+                chassis = self._get_optional(path)
+                if chassis is None:
+                    continue
+                thermal = self._get_optional(chassis.link("Thermal"))
                 if thermal is not None:
-                    for t in thermal.temperatures or []:
-                        temps.append(
-                            SensorReading(
-                                t.name or "temperature",
-                                t.reading_celsius,
-                                "C",
-                                _health(t.status.health if t.status else None),
-                            )
-                        )
-                    for f in thermal.fans or []:
-                        units = getattr(f.reading_units, "value", f.reading_units) or ""
+                    for t in thermal.objects("Temperatures"):
+                        name = t.text("Name") or "temperature"
+                        value = t.number("ReadingCelsius")
+                        temps.append(SensorReading(name, value, "C", _status_health(t)))
+                    for f in thermal.objects("Fans"):
+                        name = f.text("Name") or f.text("FanName") or "fan"
+                        units = f.text("ReadingUnits") or ""
                         fans.append(
-                            SensorReading(
-                                f.name or "fan",
-                                f.reading,
-                                str(units),
-                                _health(f.status.health if f.status else None),
-                            )
+                            SensorReading(name, f.number("Reading"), units, _status_health(f))
                         )
-                power = _safe(lambda c=chassis: c.power)
-                if power is not None and watts is None:
-                    for control in power.power_control or []:
-                        if control.power_consumed_watts is not None:
-                            watts = float(control.power_consumed_watts)
+                if watts is None:
+                    power = self._get_optional(chassis.link("Power"))
+                    for control in power.objects("PowerControl") if power else []:
+                        watts = control.number("PowerConsumedWatts")
+                        if watts is not None:
                             break
-            health = _health(system.status.health if system.status else None)
-            return SensorReadings(tuple(temps), tuple(fans), watts, health)
+            return SensorReadings(tuple(temps), tuple(fans), watts, _status_health(system))
 
     def inventory(self) -> HardwareInventory:
         with self._edge("inventory"):
-            system = self._sys()
-            cpu_count = cpu_model = None
-            summary = system.json.get("ProcessorSummary") or {}
-            cpu_count = summary.get("Count")
-            cpu_model = summary.get("Model")
-            mem = (system.json.get("MemorySummary") or {}).get("TotalSystemMemoryGiB")
+            system = self._system_doc()
+            summary = system.obj("ProcessorSummary")
+            memory = system.obj("MemorySummary")
             nics: list[Nic] = []
-            ifaces = _safe(lambda: system.ethernet_interfaces)
-            if ifaces is not None:
-                for member in _safe_list(ifaces.get_members):
-                    nics.append(Nic(id=member.identity, mac=member.mac_address))
+            ifaces = self._get_optional(system.link("EthernetInterfaces"))
+            for path in ifaces.links("Members") if ifaces else []:
+                member = self._get_optional(path)
+                if member is not None:
+                    identity = member.text("Id") or path.rsplit("/", 1)[-1]
+                    nics.append(Nic(id=identity, mac=member.text("MACAddress")))
             return HardwareInventory(
-                manufacturer=system.manufacturer,
-                model=system.model,
-                serial=system.serial_number,
-                cpu_count=cpu_count,
-                cpu_model=cpu_model,
-                memory_gib=float(mem) if mem is not None else None,
+                manufacturer=system.text("Manufacturer"),
+                model=system.text("Model"),
+                serial=system.text("SerialNumber"),
+                cpu_count=summary.integer("Count") if summary else None,
+                cpu_model=summary.text("Model") if summary else None,
+                memory_gib=memory.number("TotalSystemMemoryGiB") if memory else None,
                 nics=tuple(nics),
             )
 
     def log_entries(self) -> list[LogEntry]:
         with self._edge("event log"):
-            system = self._sys()
-            link = (system.json.get("LogServices") or {}).get("@odata.id")
-            if not link:
+            services_path = self._system_doc().link("LogServices")
+            if not services_path:
                 raise NotSupported("event log")
             entries: list[LogEntry] = []
-            services = self._connector.get(link).json().get("Members", [])
-            for ref in services:
-                service = self._connector.get(ref["@odata.id"]).json()
-                entries_link = (service.get("Entries") or {}).get("@odata.id")
-                if not entries_link:
+            for path in self._get(services_path).links("Members"):
+                entries_path = self._get(path).link("Entries")
+                if not entries_path:
                     continue
-                for raw in self._connector.get(entries_link).json().get("Members", []):
-                    if "Message" not in raw and "@odata.id" in raw:
-                        raw = self._connector.get(raw["@odata.id"]).json()
+                for raw in self._get(entries_path).objects("Members"):
+                    if "Message" not in raw.data and "@odata.id" in raw.data:
+                        raw = self._get(raw.own_path())
                     entries.append(_log_entry(raw))
             return entries
 
 
-def _log_entry(raw: Mapping[str, Any]) -> LogEntry:
+def _log_entry(raw: _Doc) -> LogEntry:
     created = None
-    if raw.get("Created"):
+    stamp = raw.text("Created")
+    if stamp:
         with contextlib.suppress(ValueError):
-            created = datetime.fromisoformat(str(raw["Created"]).replace("Z", "+00:00"))
+            created = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     return LogEntry(
-        id=str(raw.get("Id", "")),
-        message=str(raw.get("Message", "")),
-        severity=HEALTH.get(raw.get("Severity"), Health.UNKNOWN),
+        id=raw.text("Id") or "",
+        message=raw.text("Message") or "",
+        severity=HEALTH.get(raw.text("Severity"), Health.UNKNOWN),
         created=created,
     )
-
-
-def _safe(get: Any) -> Any:
-    """Optional sub-resources: absent or 404/500 means "not reported"."""
-    try:
-        return get()
-    except (sushy_exc.MissingAttributeError, sushy_exc.HTTPError):
-        return None
-
-
-def _safe_list(get: Any) -> list[Any]:
-    value = _safe(get)
-    return list(value) if value else []
 
 
 def _tls_reason(text: str) -> str:

@@ -13,15 +13,30 @@ request whose request line contains that text (``"POST "`` plus a path, say
 proxy and never forwarded -- every time, or the first ``swallow_limit``
 times.
 
+``payload_faults`` models a BMC that answers with a broken payload: a
+request whose method and path match a ``PayloadFault`` is answered by the
+proxy with that fault's body -- wrong types, missing fields, not JSON, not
+UTF-8, deeply nested, or huge (streamed in 64 KiB pieces, so the proxy never
+holds it; with a ``Content-Length`` or chunked) -- and never forwarded. The
+first matching fault wins; the list may be changed between requests.
+
 Counters (``requests``, ``dropped``, ``errors``, ``forwarded``,
-``swallowed``) let tests check that faults really happened.
+``swallowed``, ``replaced``; ``replaced_bytes``: body bytes the proxy wrote
+for replaced answers before the client took them or hung up) let tests check
+that faults really happened.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
 
 from controller.sim.ports import free_port
 
@@ -31,6 +46,77 @@ _ERROR = (
     b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
     b"Content-Length: " + str(len(_ERROR_BODY)).encode() + b"\r\nConnection: close\r\n\r\n"
 ) + _ERROR_BODY
+
+
+_PIECE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class PayloadFault:
+    """Answer matching requests with ``body`` instead of forwarding them.
+
+    ``path`` is a regular expression searched in the request's path (so
+    ``r"/Systems/node-00001$"`` or ``r"/Thermal$"``), ``method`` the request
+    method it applies to. With ``size`` the body is ``body`` followed by
+    filler bytes up to ``size`` bytes in all (a huge answer), written piece
+    by piece. ``chunked`` sends it with ``Transfer-Encoding: chunked`` and no
+    ``Content-Length``. ``limit``: answer only the first ``limit`` matches.
+    """
+
+    path: str
+    body: bytes = b""
+    status: int = 200
+    content_type: str = "application/json"
+    method: str = "GET"
+    size: int | None = None
+    chunked: bool = False
+    limit: int | None = None
+
+    @classmethod
+    def json(cls, path: str, document: Any, **options: Any) -> PayloadFault:
+        """A well-formed JSON body (of whatever wrong shape ``document`` has)."""
+        return cls(path, json.dumps(document).encode(), **options)
+
+    @classmethod
+    def nested(cls, path: str, depth: int, **options: Any) -> PayloadFault:
+        """Valid JSON nested ``depth`` lists deep."""
+        return cls(path, b"[" * depth + b"]" * depth, **options)
+
+    @classmethod
+    def huge(cls, path: str, size: int, *, chunked: bool = False, **options: Any) -> PayloadFault:
+        """A ``size``-byte JSON object (one long string), streamed."""
+        return cls(path, b'{"Padding": "', size=size, chunked=chunked, **options)
+
+    def matches(self, method: str, path: str) -> bool:
+        return method == self.method and re.search(self.path, path) is not None
+
+    def pieces(self) -> Iterator[bytes]:
+        """The body in pieces of at most 64 KiB; a huge one never held whole."""
+        if self.size is None:
+            for start in range(0, len(self.body), _PIECE):
+                yield self.body[start : start + _PIECE]
+            return
+        tail = b'"}'
+        yield self.body
+        left = self.size - len(self.body) - len(tail)
+        filler = b"x" * _PIECE
+        while left > 0:
+            yield filler[: min(left, _PIECE)]
+            left -= _PIECE
+        yield tail
+
+    @property
+    def length(self) -> int:
+        return len(self.body) if self.size is None else max(self.size, len(self.body) + 2)
+
+    def head(self) -> bytes:
+        status = HTTPStatus(self.status)
+        lines = [f"HTTP/1.1 {status.value} {status.phrase}", f"Content-Type: {self.content_type}"]
+        lines.append(
+            "Transfer-Encoding: chunked" if self.chunked else f"Content-Length: {self.length}"
+        )
+        lines.append("Connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 async def _read_message(reader: asyncio.StreamReader, *, head_only: bool = False) -> bytes:
@@ -77,6 +163,7 @@ class FaultProxy:
         seed: int = 0,
         swallow: str | None = None,
         swallow_limit: int | None = None,
+        payload_faults: Sequence[PayloadFault] = (),
     ) -> None:
         if target[0] not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("FaultProxy only forwards to loopback targets")
@@ -86,6 +173,7 @@ class FaultProxy:
         self.error_ratio = error_ratio
         self.swallow = swallow
         self.swallow_limit = swallow_limit
+        self.payload_faults: list[PayloadFault] = list(payload_faults)
         self._rng = random.Random(seed)
         self.port = 0
         self.requests = 0
@@ -93,6 +181,9 @@ class FaultProxy:
         self.errors = 0
         self.forwarded = 0
         self.swallowed = 0
+        self.replaced = 0
+        self.replaced_bytes = 0
+        self._fault_hits: dict[PayloadFault, int] = {}  # answers given, for ``limit``
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -128,6 +219,36 @@ class FaultProxy:
         line = request.split(b"\r\n", 1)[0].decode("latin-1")
         return self.swallow in line
 
+    def _payload_fault(self, request: bytes) -> PayloadFault | None:
+        if not self.payload_faults:
+            return None
+        method, _, rest = request.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+        path = rest.rsplit(" ", 1)[0].split("?", 1)[0]
+        for fault in self.payload_faults:
+            if fault.limit is not None and self._fault_hits.get(fault, 0) >= fault.limit:
+                continue
+            if fault.matches(method, path):
+                self._fault_hits[fault] = self._fault_hits.get(fault, 0) + 1
+                return fault
+        return None
+
+    async def _replace(self, writer: asyncio.StreamWriter, fault: PayloadFault) -> None:
+        """Write ``fault``'s answer; the client may hang up at any point."""
+        self.replaced += 1
+        writer.write(fault.head())
+        for piece in fault.pieces():
+            if not piece:
+                continue
+            if fault.chunked:
+                writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            else:
+                writer.write(piece)
+            await writer.drain()
+            self.replaced_bytes += len(piece)
+        if fault.chunked:
+            writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
@@ -144,6 +265,10 @@ class FaultProxy:
                     writer.write(_SWALLOWED)
                     await writer.drain()
                     continue
+                fault = self._payload_fault(request)
+                if fault is not None:
+                    await self._replace(writer, fault)
+                    return  # the answer said "Connection: close"
                 roll = self._rng.random()
                 if roll < self.drop_ratio:
                     self.dropped += 1
