@@ -64,6 +64,7 @@ async def serve(config: ControllerConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     server = ControllerServer(config)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     quiet = _QuietDatabaseLoss(server)
     handlers = list(logging.getLogger().handlers)
     for handler in handlers:

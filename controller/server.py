@@ -24,6 +24,7 @@ import errno
 import logging
 import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ from controller.store.engine import default_sqlite_url, migrate, open_engine
 from controller.store.outbox import StoreOutbox
 from controller.store.secrets import SecretBox
 from controller.store.sql_store import SqlStore
-from controller.tls import server_credentials
+from controller.tls import ReloadableTls, TlsConfigError
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 from kiln_common.tokens import write_private
 
@@ -215,6 +216,7 @@ class ControllerServer:
         self.store: SqlStore | None = None
         self.address = ""
         self.publisher: MqttPublisher | None = None
+        self.tls: ReloadableTls | None = None
         self._active: ActiveLock | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self.lock_lost = asyncio.Event()
@@ -296,7 +298,8 @@ class ControllerServer:
             DatabaseLost: the database cannot be reached.
         """
         cfg = self.config
-        credentials = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+        self.tls = ReloadableTls.from_options(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+        credentials = self.tls.credentials() if self.tls is not None else None
         profiles = cfg.profiles or ProfileCatalog.load(cfg.profiles_dir)
         await self._listen(credentials)
         engine = open_engine(self._db_url(), migrate_schema=False)
@@ -443,6 +446,28 @@ class ControllerServer:
                 return
             if troubled:
                 log.warning("a database connection dropped; this controller is still active")
+
+    def reload_tls(self) -> bool:
+        """Read the TLS certificate, key and client CA again (SIGHUP): new
+        connections use them, open streams carry on. A file that is now
+        unusable is logged on one line and the current ones stay in use.
+        Returns whether the new files were taken."""
+        if self.tls is None:
+            log.info("SIGHUP: serving plaintext, no TLS files to reload")
+            return False
+        try:
+            files = self.tls.reload()
+        except TlsConfigError as e:
+            log.warning("SIGHUP: TLS not reloaded, the current certificate stays: %s", e)
+            return False
+        expires = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(files.expires_at))
+        log.info(
+            "SIGHUP: TLS reloaded from %s (certificate expires %s)%s",
+            self.tls.cert,
+            expires,
+            f", client CA {self.tls.client_ca}" if self.tls.client_ca else "",
+        )
+        return True
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop serving (in-flight calls get ``grace`` seconds), then the Fleet,

@@ -21,7 +21,7 @@ import grpc
 from controller.api import convert
 from controller.api.auth.identity import authorize_agent_token, current_caller
 from controller.api.errors import message_for, status_for
-from controller.api.peer_identity import authorize_node, certificate_names
+from controller.api.peer_identity import authorize_node, certificate_expiry, certificate_names
 from controller.core.agents import AgentSession
 from controller.core.errors import InvalidArgument, KilnError
 from controller.core.fleet import Fleet
@@ -61,7 +61,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             authorize_node(certificate_names(context.auth_context()), reg.node_name)
             authorize_agent_token(current_caller(), reg.node_name)
             session = await self._fleet.agent_connected(
-                reg.node_name, [convert.gpu_from_pb(g) for g in reg.gpus], reg.applied_profile
+                reg.node_name,
+                [convert.gpu_from_pb(g) for g in reg.gpus],
+                reg.applied_profile,
+                cert_expires_at=certificate_expiry(context.auth_context()),
             )
         except KilnError as e:
             await context.abort(status_for(e), message_for(e))

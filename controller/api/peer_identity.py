@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from cryptography import x509
+
 from controller.core.errors import PermissionDenied
 
 
@@ -54,6 +56,19 @@ def certificate_names(auth_context: Mapping[str, Iterable[bytes]]) -> Certificat
         common_name=common[0] if common else "",
         dns_names=_texts(auth_context.get("peer_dns")),
     )
+
+
+def certificate_expiry(auth_context: Mapping[str, Iterable[bytes]]) -> float | None:
+    """When the peer's verified certificate expires (Unix seconds), or None
+    when it presented none (or gRPC gave a certificate that cannot be read)."""
+    pem = next(iter(auth_context.get("x509_pem_cert") or ()), None)
+    if not pem:
+        return None
+    try:
+        certificate = x509.load_pem_x509_certificate(pem)
+    except ValueError:
+        return None
+    return certificate.not_valid_after_utc.timestamp()
 
 
 def authorize_node(names: CertificateNames | None, node: str) -> None:

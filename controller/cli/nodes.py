@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +293,7 @@ def node_detail(node: Any) -> str:
         ("bmc health", node.bmc_health),
         ("agent", "connected" if node.agent_connected else "disconnected"),
         ("agent last seen", fmt_time(node.agent_last_seen)),
+        ("agent cert", cert_expiry(node.agent_cert_expires_at)),
         ("gpus", gpu_summary(node)),
         ("profile", node.profile),
         ("allocation", node.allocation),
@@ -311,6 +313,20 @@ def node_detail(node: Any) -> str:
         temps = fmt_list((f"{t:.0f}C" for t in node.health.bmc_temps_c), sep=" ")
         parts.append(f"BMC temperatures: {temps}")
     return "\n\n".join(parts)
+
+
+def cert_expiry(expires_at: float, now: float | None = None) -> str:
+    """``expires 2027-12-01 13:00 UTC (in 364 days)``, ``EXPIRED …``, or ``-``
+    (no certificate: plaintext, a token, or no agent connected)."""
+    if not expires_at:
+        return MISSING
+    left = expires_at - (time.time() if now is None else now)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(expires_at))
+    if left <= 0:
+        return f"EXPIRED {when}"
+    days = left / 86400
+    soon = f"in {days:.0f} days" if days >= 2 else f"in {left / 3600:.0f} hours"
+    return f"expires {when} ({soon})"
 
 
 def gpus_table(gpus: Any) -> str:

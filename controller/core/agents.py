@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 @dataclass(eq=False)
 class AgentSession:
     node: str
+    cert_expires_at: float | None = None  # its client certificate's expiry (Unix s)
     queue: asyncio.Queue[tuple[str, AgentCommand]] = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future[CommandOutcome]] = field(default_factory=dict)
     closed: bool = False
@@ -38,12 +39,12 @@ class AgentHub:
         self._sessions: dict[str, AgentSession] = {}
         self._ids = itertools.count(1)
 
-    def attach(self, node: str) -> AgentSession:
+    def attach(self, node: str, *, cert_expires_at: float | None = None) -> AgentSession:
         old = self._sessions.get(node)
         if old is not None:
             old.closed = True
             old.fail_pending(f"agent of node {node!r} reconnected")
-        session = AgentSession(node)
+        session = AgentSession(node, cert_expires_at=cert_expires_at)
         self._sessions[node] = session
         return session
 
@@ -58,6 +59,11 @@ class AgentHub:
 
     def is_connected(self, node: str) -> bool:
         return node in self._sessions
+
+    def cert_expires_at(self, node: str) -> float | None:
+        """When the client certificate of the node's connected agent expires."""
+        session = self._sessions.get(node)
+        return session.cert_expires_at if session is not None else None
 
     def connected(self) -> frozenset[str]:
         return frozenset(self._sessions)

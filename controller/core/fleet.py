@@ -280,14 +280,20 @@ class Fleet:
     # -- agents ----------------------------------------------------------------
 
     async def agent_connected(
-        self, node: str, gpus: Sequence[GpuInfo], applied_profile: str
+        self,
+        node: str,
+        gpus: Sequence[GpuInfo],
+        applied_profile: str,
+        *,
+        cert_expires_at: float | None = None,
     ) -> AgentSession:
-        """Register a node's agent. Raises NotFound for a node never enrolled,
-        InvalidArgument for a malformed GPU inventory (before the node's
-        current agent, if any, is replaced)."""
+        """Register a node's agent (``cert_expires_at``: when the client
+        certificate it connected with expires). Raises NotFound for a node
+        never enrolled, InvalidArgument for a malformed GPU inventory (before
+        the node's current agent, if any, is replaced)."""
         validate_gpus(gpus)
         await self.nodes.get(node)
-        session = self.agents.attach(node)
+        session = self.agents.attach(node, cert_expires_at=cert_expires_at)
         try:
             await self.nodes.agent_registered(node, gpus, applied_profile)
         except BaseException:

@@ -73,6 +73,7 @@ class NodeInfo:
     updated_at: float
     schedulable: bool
     drained: bool
+    agent_cert_expires_at: float = 0.0  # the connected agent's certificate (0: none)
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,7 @@ class Nodes:
             updated_at=node.updated_at,
             schedulable=self.schedulable(node),
             drained=node.drained,
+            agent_cert_expires_at=self._agents.cert_expires_at(node.name) or 0.0,
         )
 
     async def get(self, name: str) -> NodeInfo:
