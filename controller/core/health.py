@@ -51,3 +51,13 @@ class HealthReport:
     bmc_temps_c: tuple[float, ...] = ()
     # GPU settings the agent found drifted from its profile and re-applied.
     drift: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSample:
+    """A node's latest report and when its agent was last heard from, as the
+    write-behind persists it (``controller/core/live.py``)."""
+
+    node: str
+    health: HealthReport | None
+    seen_at: float

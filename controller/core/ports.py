@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
-from controller.core.health import HealthReport
+from controller.core.health import HealthReport, HealthSample
 from controller.core.identity import TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo
@@ -59,6 +59,12 @@ class NodeRepository(Protocol):
 
     def save_health(self, name: str, health: HealthReport, seen_at: float) -> NodeRecord | None:
         """Keep ``health`` as the node's latest report; None for an unknown node."""
+        ...
+
+    def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
+        """Keep each sample as its node's latest report and last sighting, in
+        one statement; samples of unknown nodes are skipped. Returns how many
+        nodes were written."""
         ...
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:

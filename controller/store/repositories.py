@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Sequence
 from sqlalchemy import func
 from sqlmodel import Session, col, select, update
 
-from controller.core.health import GpuHealth, HealthReport
+from controller.core.health import GpuHealth, HealthReport, HealthSample
 from controller.core.identity import Role, TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo
@@ -232,6 +232,21 @@ class SqlNodes:
         row.agent_last_seen = seen_at
         self._session.add(row)
         return node_record(row)
+
+    def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
+        names = [s.node for s in samples]
+        known = set(
+            self._session.exec(select(NodeRow.name).where(col(NodeRow.name).in_(names)))
+        )
+        rows = [
+            {"name": s.node, "health_json": health_to_json(s.health), "agent_last_seen": s.seen_at}
+            for s in samples
+            if s.node in known
+        ]
+        if rows:
+            # An ORM bulk UPDATE by primary key: one executemany, no row loaded.
+            self._session.execute(update(NodeRow), rows)
+        return len(rows)
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:
         row = self._row(node.name)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from controller.core.errors import DuplicateKey
-from controller.core.health import HealthReport
+from controller.core.health import HealthReport, HealthSample
 from controller.core.identity import TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo
@@ -79,6 +79,15 @@ class MemoryNodes:
         node.health = health
         node.agent_last_seen = seen_at
         return copy.deepcopy(node)
+
+    def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
+        written = 0
+        for sample in samples:
+            node = self._s.nodes.get(sample.node)
+            if node is not None:
+                node.health, node.agent_last_seen = sample.health, sample.seen_at
+                written += 1
+        return written
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:
         return BmcTarget(
