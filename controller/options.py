@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample-interval", type=seconds, default=5.0, help="seconds between agent health samples"
     )
     p.add_argument(
+        "--health-flush-interval",
+        type=seconds,
+        default=5.0,
+        help="seconds between writes of the agents' latest health to the database: the "
+        "most samples a crash loses, never a transition or event (default %(default)s)",
+    )
+    p.add_argument(
         "--rules",
         type=Path,
         default=None,
@@ -348,6 +355,7 @@ def parse(argv: list[str] | None = None) -> Options:
         rules_file=args.rules,
         rules=load_rule_file(args.rules),
         sample_interval=args.sample_interval,
+        health_flush_interval=args.health_flush_interval,
         mqtt=args.mqtt,
         mqtt_access=mqtt_access,
         power_sync_interval=args.power_sync_interval,

@@ -179,6 +179,7 @@ class ControllerConfig:
     reconcile_interval: float = 1.0
     prep_limits: PrepLimits = field(default_factory=PrepLimits)
     sample_interval: float = 5.0
+    health_flush_interval: float = 5.0  # the agents' latest health, written behind
     bmc_call_timeout: float = 10.0
     bmc_power_timeout: float = 120.0
     bmc_power_resend_after: float = 30.0  # an unapplied power command is sent once more
@@ -334,6 +335,7 @@ class ControllerServer:
             prep_limits=cfg.prep_limits,
             agent_silent_after=cfg.agent_silent_after,
             bmc_thermal_interval=cfg.bmc_thermal_interval,
+            health_flush_interval=cfg.health_flush_interval,
         )
         if cfg.mqtt:
             host, _, port = cfg.mqtt.rpartition(":")

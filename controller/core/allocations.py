@@ -341,7 +341,7 @@ class Allocations:
     async def schedule_pass(self) -> None:
         """Admit what fits now, in queue order; note why the rest waits."""
         async with self._lock:
-            nodes, active, pending = await self._store.read(self._load)
+            nodes, active, pending = await self._store.read(self._load_if_pending)
             if not pending:
                 return
             topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in nodes)
@@ -391,6 +391,17 @@ class Allocations:
             [a for a in allocs if a.state in HOLDING],
             [a for a in allocs if a.state == A.PENDING],
         )
+
+    @staticmethod
+    def _load_if_pending(
+        tx: Tx,
+    ) -> tuple[list[NodeRecord], list[AllocationRecord], list[AllocationRecord]]:
+        """As ``_load``, but the fleet is not read when nothing waits to be placed."""
+        allocs = tx.allocations.find(OPEN)
+        pending = [a for a in allocs if a.state == A.PENDING]
+        if not pending:
+            return [], [], []
+        return tx.nodes.find(), [a for a in allocs if a.state in HOLDING], pending
 
     def _apply(
         self,

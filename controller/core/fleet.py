@@ -22,6 +22,7 @@ from controller.core.health import HealthReport
 from controller.core.health_policy import PolicyRunner
 from controller.core.identity import SYSTEM, Caller, Role, TokenInfo
 from controller.core.lifecycle import Lifecycle
+from controller.core.live import DEFAULT_FLUSH_INTERVAL, LiveHealth
 from controller.core.model import (
     AgentCommand,
     AllocationInfo,
@@ -36,6 +37,13 @@ from controller.core.model import (
     RackInfo,
 )
 from controller.core.nodes import Nodes, validate_gpus
+from controller.core.paging import (
+    AllocationFilter,
+    NodeFilter,
+    Page,
+    allocation_page,
+    node_page,
+)
 from controller.core.ports import BmcGateway, Store
 from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
@@ -84,13 +92,15 @@ class Fleet:
         prep_limits: PrepLimits | None = None,
         agent_silent_after: float = 15.0,
         bmc_thermal_interval: float = 10.0,
+        health_flush_interval: float = DEFAULT_FLUSH_INTERVAL,
     ) -> None:
         self.store = store
         self.bmc = bmc
         self.profiles = profiles or ProfileCatalog()
         self.agents = AgentHub()
         self.events = EventLog(store)
-        self.nodes = Nodes(store, bmc, self.agents)
+        self.live = LiveHealth(store, flush_interval=health_flush_interval)
+        self.nodes = Nodes(store, bmc, self.agents, self.live)
         self.allocations = Allocations(store, self.nodes, queues=queues)
         self.lifecycle = Lifecycle(
             store,
@@ -119,10 +129,12 @@ class Fleet:
         self.sample_interval = sample_interval
         self._loops = BackgroundTasks()
         self._background = BackgroundTasks()
+        self._schedule_queued = False
 
     async def start(self) -> None:
         # Caps count what the rules took down before this controller started.
         await self.policies.restore()
+        self.live.start()
         self._loops.spawn(self.lifecycle.run(), name="kiln-lifecycle")
         self._loops.spawn(self.policies.run(), name="kiln-policies")
         self._loops.spawn(self.power_sync.run(), name="kiln-power-sync")
@@ -132,6 +144,7 @@ class Fleet:
         await self._background.stop()
         await self.lifecycle.stop()
         await self.policies.stop()
+        await self.live.stop()  # the last samples written
 
     # -- nodes -----------------------------------------------------------------
 
@@ -154,6 +167,16 @@ class Fleet:
 
     async def list_nodes(self, *, rack: str = "", state: str = "") -> list[NodeInfo]:
         return await self.nodes.query(rack=rack, state=state)
+
+    async def list_nodes_page(
+        self, filters: NodeFilter, *, page_size: int = 0, page_token: str = ""
+    ) -> Page[NodeInfo]:
+        """One page of nodes by name; see ``controller.core.paging``.
+
+        Raises InvalidArgument: an unknown state, a negative page size, or a
+        page token that is garbled or was issued for other filters.
+        """
+        return await node_page(self.nodes, filters, size=page_size, token=page_token)
 
     async def list_racks(self) -> list[RackInfo]:
         return await self.nodes.racks()
@@ -208,6 +231,13 @@ class Fleet:
 
     async def list_allocations(self, *, include_released: bool = False) -> list[AllocationInfo]:
         return await self.allocations.query(include_released=include_released)
+
+    async def list_allocations_page(
+        self, filters: AllocationFilter, *, page_size: int = 0, page_token: str = ""
+    ) -> Page[AllocationInfo]:
+        """One page of allocations in queue order; see ``controller.core.paging``.
+        Raises InvalidArgument as ``list_nodes_page`` does."""
+        return await allocation_page(self.store, filters, size=page_size, token=page_token)
 
     async def release(self, ident: str, *, by: Caller | None = None) -> AllocationInfo:
         """Raises PermissionDenied when a provisioner releases another's allocation."""
@@ -292,7 +322,6 @@ class Fleet:
         never enrolled, InvalidArgument for a malformed GPU inventory (before
         the node's current agent, if any, is replaced)."""
         validate_gpus(gpus)
-        await self.nodes.get(node)
         session = self.agents.attach(node, cert_expires_at=cert_expires_at)
         try:
             await self.nodes.agent_registered(node, gpus, applied_profile)
@@ -301,8 +330,21 @@ class Fleet:
             raise
         log.info("node %s: agent registered with %d GPUs", node, len(gpus))
         self.lifecycle.wake()
-        self._spawn(self.allocations.schedule_pass())  # the node may be schedulable again
+        self._schedule_soon()  # the node may be schedulable again
         return session
+
+    def _schedule_soon(self) -> None:
+        """One scheduling pass soon, however many registrations ask for it
+        meanwhile (a reconnect storm asks thousands of times)."""
+        if self._schedule_queued:
+            return
+        self._schedule_queued = True
+
+        async def run() -> None:
+            self._schedule_queued = False  # a change from now on asks again
+            await self.allocations.schedule_pass()
+
+        self._spawn(run())
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._background.spawn(coro)

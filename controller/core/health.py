@@ -59,5 +59,5 @@ class HealthSample:
     write-behind persists it (``controller/core/live.py``)."""
 
     node: str
-    health: HealthReport | None
+    health: HealthReport | None  # None: a sighting only; the stored report stays
     seen_at: float

@@ -191,7 +191,7 @@ class PolicyRunner:
                 row.state not in WATCHED
                 or row.power != PowerState.ON
                 or self._agents.is_connected(row.name)
-                or now - row.agent_last_seen < self.silent_after
+                or now - self._nodes.last_seen(row) < self.silent_after
                 or now - self._last_bmc_sample.get(row.name, 0.0) < self.bmc_sample_interval
             ):
                 continue

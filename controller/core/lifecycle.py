@@ -324,7 +324,7 @@ class Lifecycle:
         """
         deadline = time.monotonic() + gate.sample_timeout_s
         while True:
-            health = (await self._row(name)).health
+            health = self._nodes.latest_health(await self._row(name))
             if health is not None and health.sampled_at > since:
                 problems = gate_problems(gate, health)
                 if problems:

@@ -13,6 +13,7 @@ from controller.core.errors import AlreadyExists, BmcError, InvalidArgument, Kil
 from controller.core.eventlog import record
 from controller.core.health import HealthReport
 from controller.core.kinds import EventKind
+from controller.core.live import LiveHealth
 from controller.core.model import (
     BmcTarget,
     EnrollSpec,
@@ -107,10 +108,22 @@ def held_back(node: NodeRecord) -> str:
 
 
 class Nodes:
-    def __init__(self, store: Store, bmc: BmcGateway, agents: AgentHub) -> None:
+    def __init__(
+        self, store: Store, bmc: BmcGateway, agents: AgentHub, live: LiveHealth | None = None
+    ) -> None:
         self._store = store
         self._bmc = bmc
         self._agents = agents
+        self.live = live or LiveHealth(store)
+        self._rack_of: dict[str, str] = {}  # nodes whose agents registered since start
+
+    def latest_health(self, node: NodeRecord) -> HealthReport | None:
+        """The node's latest report: in memory if one came since start, else stored."""
+        return self.live.health(node.name) or node.health
+
+    def last_seen(self, node: NodeRecord) -> float:
+        """When the node's agent was last heard from (in memory, else stored)."""
+        return max(node.agent_last_seen, self.live.last_seen(node.name))
 
     # -- queries -------------------------------------------------------------
 
@@ -145,13 +158,13 @@ class Nodes:
             power=node.power,
             bmc_health=node.bmc_health,
             agent_connected=self._agents.is_connected(node.name),
-            agent_last_seen=node.agent_last_seen,
+            agent_last_seen=self.last_seen(node),
             gpu_model=node.gpu_model,
             gpu_count=node.gpu_count,
             gpus=tuple(gpus),
             nvlink_domain=node.nvlink_domain,
             allocation=node.allocation_id,
-            health=node.health,
+            health=self.latest_health(node),
             profile=node.profile,
             updated_at=node.updated_at,
             schedulable=self.schedulable(node),
@@ -181,6 +194,29 @@ class Nodes:
             return [
                 self._info(n, gpus.get(n.name, [])) for n in tx.nodes.find(rack=rack, state=wanted)
             ]
+
+        return await self._store.read(query)
+
+    async def page(
+        self,
+        after: str,
+        limit: int,
+        *,
+        rack: str = "",
+        state: NodeState | None = None,
+        gpu_model: str = "",
+        allocation: str = "",
+    ) -> list[NodeInfo]:
+        """At most ``limit`` nodes named after ``after``, by name, of the
+        filters given; only their own GPU rows are read (the pages and their
+        tokens: ``controller.core.paging``)."""
+
+        def query(tx: Tx) -> list[NodeInfo]:
+            found = tx.nodes.page(
+                after, limit, rack=rack, state=state, gpu_model=gpu_model, allocation=allocation
+            )
+            gpus = tx.nodes.gpus_of([n.name for n in found])
+            return [self._info(n, gpus.get(n.name, [])) for n in found]
 
         return await self._store.read(query)
 
@@ -471,7 +507,7 @@ class Nodes:
 
     async def agent_registered(
         self, name: str, gpus: Sequence[GpuInfo], applied_profile: str
-    ) -> NodeInfo:
+    ) -> None:
         """Record the node's GPU inventory as its agent reported it.
 
         Raises:
@@ -481,7 +517,7 @@ class Nodes:
         """
         validate_gpus(gpus)
 
-        def write(tx: Tx) -> None:
+        def write(tx: Tx) -> str:
             node = load_node(tx, name)
             tx.nodes.set_gpus(name, gpus)
             cliques = {g.clique for g in gpus}
@@ -506,30 +542,43 @@ class Nodes:
                 gpu_model=node.gpu_model,
                 nvlink_domain=node.nvlink_domain,
             )
-
-        await self._store.tx(write)
-        return await self.get(name)
-
-    async def agent_health(self, name: str, health: HealthReport) -> str | None:
-        """Store the node's latest health report; returns its rack (None: unknown node)."""
-
-        def write(tx: Tx) -> str | None:
-            node = tx.nodes.save_health(name, health, time.time())
-            if node is None:
-                return None
-            if health.drift:
-                record(
-                    tx,
-                    EventKind.NODE_GPU_DRIFT,
-                    node=name,
-                    allocation=node.allocation_id,
-                    reason="GPU settings drifted from the profile; the agent re-applied it",
-                    drift=list(health.drift),
-                    profile=node.applied_profile,
-                )
             return node.rack
 
-        return await self._store.tx(write)
+        self._rack_of[name] = await self._store.tx(write)
+        self.live.note(name, None)
+
+    async def agent_health(self, name: str, health: HealthReport) -> str | None:
+        """Keep the node's latest health report; returns its rack (None: an
+        unknown node).
+
+        In memory, written behind (``controller/core/live.py``); a report that
+        carries drift also records its ``node.gpu_drift`` event, in a
+        transaction of its own.
+        """
+        rack = self._rack_of.get(name)
+        if rack is None:  # no registration seen since start: ask the store once
+            node = await self._store.read(lambda tx: tx.nodes.get(name))
+            if node is None:
+                return None
+            rack = self._rack_of[name] = node.rack
+        self.live.note(name, health)
+        if health.drift:
+
+            def write(tx: Tx) -> None:
+                node = tx.nodes.get(name)
+                if node is not None:
+                    record(
+                        tx,
+                        EventKind.NODE_GPU_DRIFT,
+                        node=name,
+                        allocation=node.allocation_id,
+                        reason="GPU settings drifted from the profile; the agent re-applied it",
+                        drift=list(health.drift),
+                        profile=node.applied_profile,
+                    )
+
+            await self._store.tx(write)
+        return rack
 
     async def agent_gone(self, name: str) -> None:
         def write(tx: Tx) -> None:

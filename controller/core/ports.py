@@ -34,6 +34,21 @@ class NodeRepository(Protocol):
         """Nodes ordered by name, optionally of one rack and/or one state."""
         ...
 
+    def page(
+        self,
+        after: str,
+        limit: int,
+        *,
+        rack: str = "",
+        state: NodeState | None = None,
+        gpu_model: str = "",
+        allocation: str = "",
+    ) -> list[NodeRecord]:
+        """At most ``limit`` nodes named after ``after`` ("": from the first),
+        by name, of the filters given ("" or None: any): one page of a keyset
+        listing (``controller.core.paging``), never read at an offset."""
+        ...
+
     def held_by(self, allocation: str) -> list[NodeRecord]:
         """The nodes booked to ``allocation``."""
         ...
@@ -62,9 +77,9 @@ class NodeRepository(Protocol):
         ...
 
     def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
-        """Keep each sample as its node's latest report and last sighting, in
-        one statement; samples of unknown nodes are skipped. Returns how many
-        nodes were written."""
+        """Keep each sample as its node's latest report (a sample without one
+        keeps the stored report) and last sighting, in bulk; samples of unknown
+        nodes are skipped. Returns how many nodes were written."""
         ...
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:
@@ -80,6 +95,10 @@ class NodeRepository(Protocol):
 
     def gpus_by_node(self) -> dict[str, list[GpuInfo]]: ...
 
+    def gpus_of(self, names: Collection[str]) -> dict[str, list[GpuInfo]]:
+        """The GPUs of these nodes only, by index (a node without any: absent)."""
+        ...
+
     def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:
         """Replace the node's GPU inventory."""
         ...
@@ -92,6 +111,18 @@ class AllocationRepository(Protocol):
 
     def find(self, states: Collection[AllocationState] | None = None) -> list[AllocationRecord]:
         """Allocations in queue order (``submitted``), optionally in ``states``."""
+        ...
+
+    def page(
+        self,
+        after: tuple[int, str],
+        limit: int,
+        *,
+        states: Collection[AllocationState] | None = None,
+    ) -> list[AllocationRecord]:
+        """At most ``limit`` allocations after ``after`` in (``submitted``, id)
+        order, optionally in ``states``; ``(0, "")`` starts at the first. One
+        page of a keyset listing (``controller.core.paging``)."""
         ...
 
     def add(self, allocation: AllocationRecord) -> None:

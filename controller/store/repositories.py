@@ -14,7 +14,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
 
-from sqlalchemy import func
+from sqlalchemy import and_, func, or_
 from sqlmodel import Session, col, select, update
 
 from controller.core.health import GpuHealth, HealthReport, HealthSample
@@ -174,6 +174,8 @@ def _copy_token(token: TokenRecord, row: TokenRow) -> None:
 
 # -- repositories -----------------------------------------------------------------
 
+_IN_CHUNK = 900  # names bound in one IN (...): under SQLite's oldest limit of 999
+
 
 class SqlNodes:
     def __init__(self, session: Session, secrets: SecretBox) -> None:
@@ -194,6 +196,29 @@ class SqlNodes:
         if state is not None:
             stmt = stmt.where(NodeRow.state == state.value)
         return [node_record(r) for r in self._session.exec(stmt.order_by(col(NodeRow.name)))]
+
+    def page(
+        self,
+        after: str,
+        limit: int,
+        *,
+        rack: str = "",
+        state: NodeState | None = None,
+        gpu_model: str = "",
+        allocation: str = "",
+    ) -> list[NodeRecord]:
+        # Keyset on the primary key: WHERE name > :after ORDER BY name LIMIT :n.
+        stmt = select(NodeRow).where(col(NodeRow.name) > after)
+        if rack:
+            stmt = stmt.where(NodeRow.rack == rack)
+        if state is not None:
+            stmt = stmt.where(NodeRow.state == state.value)
+        if gpu_model:
+            stmt = stmt.where(NodeRow.gpu_model == gpu_model)
+        if allocation:
+            stmt = stmt.where(NodeRow.allocation_id == allocation)
+        stmt = stmt.order_by(col(NodeRow.name)).limit(max(0, limit))
+        return [node_record(r) for r in self._session.exec(stmt)]
 
     def held_by(self, allocation: str) -> list[NodeRecord]:
         stmt = select(NodeRow).where(NodeRow.allocation_id == allocation)
@@ -235,14 +260,14 @@ class SqlNodes:
 
     def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
         names = [s.node for s in samples]
-        known = set(
-            self._session.exec(select(NodeRow.name).where(col(NodeRow.name).in_(names)))
-        )
-        rows = [
-            {"name": s.node, "health_json": health_to_json(s.health), "agent_last_seen": s.seen_at}
-            for s in samples
-            if s.node in known
-        ]
+        known = set(self._session.exec(select(NodeRow.name).where(col(NodeRow.name).in_(names))))
+        rows: list[dict[str, object]] = []
+        for s in samples:
+            if s.node in known:
+                row: dict[str, object] = {"name": s.node, "agent_last_seen": s.seen_at}
+                if s.health is not None:
+                    row["health_json"] = health_to_json(s.health)
+                rows.append(row)
         if rows:
             # An ORM bulk UPDATE by primary key: one executemany, no row loaded.
             self._session.execute(update(NodeRow), rows)
@@ -270,6 +295,20 @@ class SqlNodes:
             by_node[g.node].append(gpu_info(g))
         return dict(by_node)
 
+    def gpus_of(self, names: Collection[str]) -> dict[str, list[GpuInfo]]:
+        wanted = sorted(set(names))
+        by_node: dict[str, list[GpuInfo]] = defaultdict(list)
+        for start in range(0, len(wanted), _IN_CHUNK):
+            chunk = wanted[start : start + _IN_CHUNK]
+            stmt = (
+                select(GpuRow)
+                .where(col(GpuRow.node).in_(chunk))
+                .order_by(col(GpuRow.node), col(GpuRow.index))
+            )
+            for g in self._session.exec(stmt):
+                by_node[g.node].append(gpu_info(g))
+        return dict(by_node)
+
     def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:
         for old in self._session.exec(select(GpuRow).where(GpuRow.node == name)):
             self._session.delete(old)
@@ -295,6 +334,23 @@ class SqlAllocations:
         if states is not None:
             stmt = stmt.where(col(AllocationRow.state).in_([s.value for s in states]))
         return [allocation_record(r) for r in self._session.exec(stmt)]
+
+    def page(
+        self,
+        after: tuple[int, str],
+        limit: int,
+        *,
+        states: Collection[AllocationState] | None = None,
+    ) -> list[AllocationRecord]:
+        # Keyset on (submitted, id): two allocations may share a queue position.
+        submitted, ident = after
+        later = col(AllocationRow.submitted) > submitted
+        same = and_(col(AllocationRow.submitted) == submitted, col(AllocationRow.id) > ident)
+        stmt = select(AllocationRow).where(or_(later, same))
+        if states is not None:
+            stmt = stmt.where(col(AllocationRow.state).in_([s.value for s in states]))
+        stmt = stmt.order_by(col(AllocationRow.submitted), col(AllocationRow.id))
+        return [allocation_record(r) for r in self._session.exec(stmt.limit(max(0, limit)))]
 
     def add(self, allocation: AllocationRecord) -> None:
         row = AllocationRow(id=allocation.id, key=allocation.key, spec_json="{}")

@@ -50,6 +50,25 @@ class MemoryNodes:
             if (not rack or n.rack == rack) and (state is None or n.state == state)
         ]
 
+    def page(
+        self,
+        after: str,
+        limit: int,
+        *,
+        rack: str = "",
+        state: NodeState | None = None,
+        gpu_model: str = "",
+        allocation: str = "",
+    ) -> list[NodeRecord]:
+        found = [
+            n
+            for n in self.find(rack=rack, state=state)
+            if n.name > after
+            and (not gpu_model or n.gpu_model == gpu_model)
+            and (not allocation or n.allocation_id == allocation)
+        ]
+        return found[: max(0, limit)]
+
     def held_by(self, allocation: str) -> list[NodeRecord]:
         return [n for n in self.find() if n.allocation_id == allocation]
 
@@ -85,7 +104,9 @@ class MemoryNodes:
         for sample in samples:
             node = self._s.nodes.get(sample.node)
             if node is not None:
-                node.health, node.agent_last_seen = sample.health, sample.seen_at
+                node.agent_last_seen = sample.seen_at
+                if sample.health is not None:
+                    node.health = sample.health
                 written += 1
         return written
 
@@ -104,6 +125,9 @@ class MemoryNodes:
 
     def gpus_by_node(self) -> dict[str, list[GpuInfo]]:
         return {k: list(v) for k, v in self._s.gpus.items()}
+
+    def gpus_of(self, names: Collection[str]) -> dict[str, list[GpuInfo]]:
+        return {n: list(self._s.gpus[n]) for n in names if self._s.gpus.get(n)}
 
     def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:
         self._s.gpus[name] = sorted(gpus, key=lambda g: g.index)
@@ -124,6 +148,21 @@ class MemoryAllocations:
     def find(self, states: Collection[AllocationState] | None = None) -> list[AllocationRecord]:
         allocs = sorted(self._s.allocations.values(), key=lambda a: a.submitted)
         return [copy.deepcopy(a) for a in allocs if states is None or a.state in states]
+
+    def page(
+        self,
+        after: tuple[int, str],
+        limit: int,
+        *,
+        states: Collection[AllocationState] | None = None,
+    ) -> list[AllocationRecord]:
+        allocs = sorted(self._s.allocations.values(), key=lambda a: (a.submitted, a.id))
+        found = [
+            copy.deepcopy(a)
+            for a in allocs
+            if (a.submitted, a.id) > after and (states is None or a.state in states)
+        ]
+        return found[: max(0, limit)]
 
     def add(self, allocation: AllocationRecord) -> None:
         if self.by_key(allocation.key) is not None or allocation.id in self._s.allocations:

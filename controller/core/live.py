@@ -1,0 +1,137 @@
+"""The fleet's latest health, in memory, persisted write-behind.
+
+At 25,000 agents reporting every 10 s a database transaction per report is
+2,500 commits a second for data that is replaced ten seconds later. So a
+report lands here (``note``): the node's latest ``HealthReport`` and when its
+agent was last heard from. Reads (``GetNode``, ``ListNodes``, the health
+gate, the policies) see it at once. ``run`` writes what changed every
+``flush_interval`` seconds, in batches of ``batch`` nodes, one bulk UPDATE each
+(``NodeRepository.save_health_batch``).
+
+What a crash can lose is bounded: at most ``flush_interval`` seconds of
+*samples*. Never a state transition, an allocation or an event: those stay
+transactional where they happen (a report that carries drift records its
+``node.gpu_drift`` event in its own transaction, as before).
+
+``pressure`` says how far behind the write-behind is (samples waiting vs the
+batch it writes per flush), for the backpressure the agent service applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from controller.core.health import HealthReport, HealthSample
+from controller.core.ports import Store
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FLUSH_INTERVAL = 5.0  # seconds: the most samples a crash loses
+DEFAULT_BATCH = 2000  # nodes per bulk UPDATE (one transaction each)
+
+
+class LiveHealth:
+    """Latest health and agent sightings per node; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        batch: int = DEFAULT_BATCH,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if flush_interval <= 0 or batch < 1:
+            raise ValueError("flush_interval must be > 0 and batch >= 1")
+        self._store = store
+        self.flush_interval = flush_interval
+        self.batch = batch
+        self._clock = clock
+        self._latest: dict[str, HealthSample] = {}
+        self._dirty: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.flushed = 0  # samples written since start
+        self._failing = False
+
+    # -- the hot path ----------------------------------------------------------
+
+    def note(self, node: str, health: HealthReport | None, seen_at: float | None = None) -> None:
+        """The node's agent just reported ``health`` (None: a sighting only,
+        e.g. a registration, which keeps the last report)."""
+        at = self._clock() if seen_at is None else seen_at
+        previous = self._latest.get(node)
+        if health is None and previous is not None:
+            health = previous.health
+        # A sample without a report keeps the stored one (save_health_batch).
+        self._latest[node] = HealthSample(node, health, at)
+        self._dirty.add(node)
+
+    def health(self, node: str) -> HealthReport | None:
+        """The latest report held in memory (None: none since start)."""
+        sample = self._latest.get(node)
+        return sample.health if sample is not None else None
+
+    def last_seen(self, node: str) -> float:
+        """When the node's agent was last heard from since start (0: not yet)."""
+        sample = self._latest.get(node)
+        return sample.seen_at if sample is not None else 0.0
+
+    @property
+    def pending(self) -> int:
+        """Samples not yet written."""
+        return len(self._dirty)
+
+    @property
+    def pressure(self) -> float:
+        """Samples waiting per sample a flush interval's batches can write
+        (above 1: the write-behind falls behind)."""
+        return len(self._dirty) / self.batch
+
+    # -- write-behind ----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="kiln-health-write-behind")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval)
+            await self.flush()
+
+    async def flush(self) -> int:
+        """Write every changed sample now; returns how many were written.
+        A failed batch stays dirty (unless a newer sample came) and is retried
+        at the next flush; the failure is logged once until a flush succeeds."""
+        written = 0
+        while self._dirty:
+            names = [self._dirty.pop() for _ in range(min(self.batch, len(self._dirty)))]
+            samples = [self._latest[n] for n in names if n in self._latest]
+            try:
+                written += await self._store.tx(
+                    lambda tx, s=samples: tx.nodes.save_health_batch(s)  # type: ignore[misc]
+                )
+            except Exception as e:
+                self._dirty.update(names)
+                if not self._failing:
+                    log.warning("health write-behind failed, retrying at the next flush: %s", e)
+                self._failing = True
+                break
+            if self._failing:
+                log.info("health write-behind writing again")
+            self._failing = False
+        self.flushed += written
+        return written
+
+    async def stop(self) -> None:
+        """Stop the loop and write what is left (best effort)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(Exception):
+            await self.flush()

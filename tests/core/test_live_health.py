@@ -1,0 +1,146 @@
+"""The latest health lives in memory and is written behind, in batches.
+
+Against both stores (the in-memory fake and SQLite): a report is visible at
+once and in the store only after a flush; a flush writes in batches; a
+sighting keeps the stored report; a failed flush keeps its samples for the
+next; a controller restarted after a flush sees what was flushed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from controller.core.fleet import Fleet
+from controller.core.health import GpuHealth, HealthReport
+from controller.core.live import LiveHealth
+from controller.core.model import EnrollSpec
+from controller.core.ports import Store, Tx
+
+T = TypeVar("T")
+
+
+def report(at: float, temp: float = 40.0) -> HealthReport:
+    return HealthReport(sampled_at=at, gpus=(GpuHealth(index=0, temp_c=temp),))
+
+
+async def enrolled(fleet: Fleet, count: int) -> list[str]:
+    names = [f"n{i}" for i in range(count)]
+    for i, name in enumerate(names):
+        await fleet.enroll(
+            EnrollSpec(
+                name=name,
+                bmc_url=f"fake://bmc-{i}",
+                username="admin",
+                password="pw",
+                rack="r1",
+            )
+        )
+    return names
+
+
+async def stored_health(store: Store, name: str) -> HealthReport | None:
+    node = await store.read(lambda tx: tx.nodes.get(name))
+    assert node is not None
+    return node.health
+
+
+class CountingStore:
+    """A store that counts transactions and can fail the next ones."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.transactions = 0
+        self.fail = 0
+
+    async def tx(self, fn: Callable[[Tx], T]) -> T:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("the database went away")
+        self.transactions += 1
+        return await self.inner.tx(fn)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.timeout(60)
+async def test_a_report_is_visible_at_once_and_stored_after_a_flush(
+    make_fleet: Callable[..., Fleet], store: Store
+) -> None:
+    fleet = make_fleet()
+    [name] = await enrolled(fleet, 1)
+    assert await fleet.nodes.agent_health(name, report(100.0, 71.0)) == "r1"
+    shown = await fleet.get_node(name)
+    assert shown.health is not None and shown.health.gpus[0].temp_c == 71.0
+    assert await stored_health(store, name) is None  # not yet written
+    assert fleet.live.pending == 1
+    assert await fleet.live.flush() == 1
+    stored = await stored_health(store, name)
+    assert stored is not None and stored.sampled_at == 100.0
+    # A restarted controller (a new Fleet on the same store) sees it.
+    again = make_fleet()
+    assert (await again.get_node(name)).health == stored
+    assert (await again.get_node(name)).agent_last_seen > 0
+
+
+@pytest.mark.timeout(60)
+async def test_flushes_write_in_batches_and_keep_what_failed(
+    make_fleet: Callable[..., Fleet], store: Store
+) -> None:
+    fleet = make_fleet()
+    names = await enrolled(fleet, 5)
+    counting = CountingStore(store)
+    live = LiveHealth(counting, batch=2)  # type: ignore[arg-type]
+    for i, name in enumerate(names):
+        live.note(name, report(200.0 + i))
+    counting.fail = 1
+    assert await live.flush() == 0  # the first batch failed: nothing lost
+    assert live.pending == 5
+    assert await live.flush() == 5
+    assert counting.transactions == 3  # 2 + 2 + 1
+    for i, name in enumerate(names):
+        stored = await stored_health(store, name)
+        assert stored is not None and stored.sampled_at == 200.0 + i
+    # Unknown nodes are skipped, not an error.
+    live.note("ghost", report(300.0))
+    assert await live.flush() == 0
+
+
+@pytest.mark.timeout(60)
+async def test_a_sighting_keeps_the_stored_report(
+    make_fleet: Callable[..., Fleet], store: Store
+) -> None:
+    fleet = make_fleet()
+    [name] = await enrolled(fleet, 1)
+    await fleet.nodes.agent_health(name, report(100.0))
+    await fleet.live.flush()
+    restarted = LiveHealth(store)
+    restarted.note(name, None, seen_at=555.0)  # a registration: no report yet
+    await restarted.flush()
+    node = await store.read(lambda tx: tx.nodes.get(name))
+    assert node is not None
+    assert node.agent_last_seen == 555.0
+    assert node.health is not None and node.health.sampled_at == 100.0
+
+
+@pytest.mark.timeout(60)
+async def test_a_drift_report_records_its_event_at_once(
+    make_fleet: Callable[..., Fleet], store: Store
+) -> None:
+    fleet = make_fleet()
+    [name] = await enrolled(fleet, 1)
+    drifted = HealthReport(sampled_at=100.0, drift=("GPU 0: clocks not locked",))
+    await fleet.nodes.agent_health(name, drifted)
+    events = await store.read(lambda tx: tx.events.since(0, limit=100))
+    assert [e.kind for e in events if e.node == name][-1] == "node.gpu_drift"
+    assert fleet.live.pending == 1  # the sample itself is still written behind
+
+
+@pytest.mark.timeout(30)
+async def test_a_report_for_an_unknown_node_is_dropped(make_fleet: Callable[..., Fleet]) -> None:
+    fleet = make_fleet()
+    assert await fleet.nodes.agent_health("nobody", report(1.0)) is None
+    assert fleet.live.pending == 0
