@@ -123,7 +123,13 @@ class Fleet:
             silent_after=agent_silent_after,
             bmc_sample_interval=bmc_thermal_interval,
         )
-        self.power_sync = PowerSync(store, self.nodes, bmc, interval=power_sync_interval)
+        self.power_sync = PowerSync(
+            store,
+            self.nodes,
+            bmc,
+            interval=power_sync_interval,
+            on_change=self.allocations.schedule_pass,  # a BMC answering again frees a node
+        )
         self.tokens = Tokens(store)
         self.audit = AuditLog(store)
         self.sample_interval = sample_interval
@@ -159,7 +165,7 @@ class Fleet:
         if spec.profile:
             self.profiles.get(spec.profile)
         node = await self.nodes.enroll(spec)
-        self.lifecycle.wake()
+        self.lifecycle.poke(spec.name)
         return node
 
     async def get_node(self, name: str) -> NodeInfo:
@@ -194,19 +200,19 @@ class Fleet:
         """See ``Nodes.set_credentials``; a node held back by a refused login
         is looked at again at once."""
         node = await self.nodes.set_credentials(name, username, password)
-        self.lifecycle.wake()
+        self.lifecycle.poke(name)
         return node
 
     async def drain(self, name: str, reason: str) -> NodeInfo:
         node = await self.nodes.drain(name, reason)
-        self.lifecycle.wake()
+        self.lifecycle.poke(name)
         return node
 
     async def undrain(self, node: str) -> NodeInfo:
         """Return a node to service; its health episodes start afresh."""
         info = await self.nodes.undrain(node)
         self.policies.forget(node)
-        self.lifecycle.wake()
+        self.lifecycle.poke(node)
         return info
 
     async def export_topology(self, fmt: TopologyFormat) -> str:
@@ -329,7 +335,7 @@ class Fleet:
             self.agents.detach(session)
             raise
         log.info("node %s: agent registered with %d GPUs", node, len(gpus))
-        self.lifecycle.wake()
+        self.lifecycle.poke(node)
         self._schedule_soon()  # the node may be schedulable again
         return session
 

@@ -19,12 +19,23 @@ Each pass looks at every node and takes the one next step its state calls for:
 
 Every step is idempotent and every state is persisted before its work starts,
 so a controller killed at any point resumes where it was on the next pass.
+
+A pass reads only the nodes in a state that calls for a step (``STEPPING``,
+by the state index), so idle ready, allocated and out-of-service nodes cost
+nothing however many there are. A node whose step fails (its BMC does not
+answer, say) or makes no progress (waiting for its agent) waits before its
+next step, longer after each (``StepBackoff``: doubling, capped, jittered); a
+change that may unblock it (its agent registers, an operator acts) clears the
+wait (``poke``). Capacity that appears without a step of the lifecycle's own
+(a BMC answering again) is reported by power sync.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -68,10 +79,32 @@ class RetryPolicy:
         return min(self.max_delay_s, self.first_delay_s * 2 ** max(0, failures - 1))
 
 
+# The states a pass reads: each calls for a step.
+STEPPING = (S.ENROLLED, S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING)
+
+
+@dataclass(frozen=True)
+class StepBackoff:
+    """How long a node waits after a step that failed or made no progress:
+    the n-th in a row waits ``first_delay_s * 2**(n-1)`` seconds, at most
+    ``max_delay_s``, times a random factor in [1 - jitter, 1] so that a rack
+    of nodes that failed together does not retry together."""
+
+    first_delay_s: float = 1.0
+    max_delay_s: float = 60.0
+    jitter: float = 0.5
+
+    def delay(self, failures: int, rng: random.Random) -> float:
+        base = min(self.max_delay_s, self.first_delay_s * 2 ** max(0, failures - 1))
+        return base * (1.0 - self.jitter * rng.random())
+
+
 @dataclass
 class _Backoff:
-    """One node's failed preparation attempts so far (in memory only)."""
+    """One node's failed (or idle) steps in a row, in memory only; forgotten
+    when the node's state changes."""
 
+    state: NodeState
     failures: int = 0
     retry_at: float = 0.0  # on the lifecycle's clock
 
@@ -92,7 +125,9 @@ class Lifecycle:
         max_parallel: int = 64,
         preparer: Preparer | None = None,
         retry: RetryPolicy | None = None,
+        step_backoff: StepBackoff | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         self._store = store
         self._nodes = nodes
@@ -106,17 +141,33 @@ class Lifecycle:
         self._gate = asyncio.Semaphore(max_parallel)
         self._preparer = preparer or Preparer(bmc)
         self._busy: set[str] = set()
-        self._free: frozenset[str] = frozenset()  # schedulable at the last pass
         # Per node, while its preparation fails; gone once it leaves preparing.
         # Public so that tests and the wiring may tune them.
         self.retry = retry or RetryPolicy()
+        self.step_backoff = step_backoff or StepBackoff()
         self.clock = clock
+        self._rng = rng or random.Random()
         self._backoff: dict[str, _Backoff] = {}
         self._steps = BackgroundTasks()
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
         self._wake.set()
+
+    def poke(self, node: str) -> None:
+        """Something changed for ``node`` (its agent registered, an operator
+        acted): forget its wait and look at it on the next pass, now."""
+        backoff = self._backoff.get(node)
+        if backoff is not None and backoff.state != S.PREPARING:
+            del self._backoff[node]  # preparation attempts still count
+        elif backoff is not None:
+            backoff.retry_at = 0.0
+        self.wake()
+
+    def waiting(self, node: str) -> float:
+        """Seconds until the node's next step may run (0: not backing off)."""
+        backoff = self._backoff.get(node)
+        return max(0.0, backoff.retry_at - self.clock()) if backoff is not None else 0.0
 
     async def run(self) -> None:
         """Reconcile until cancelled."""
@@ -132,26 +183,20 @@ class Lifecycle:
                 pass
 
     async def reconcile_once(self) -> None:
-        """Start one step for every node that needs one and is not busy.
-
-        Also tells the scheduler when a node became free for new work without
-        a step of its own (its BMC answers again, or reports it on again).
-        """
-        records = await self._nodes.records()
-        free = frozenset(n.name for n in records if self._nodes.schedulable(n))
-        if free - self._free:
-            self._steps.spawn(self._capacity_guarded())
-        self._free = free
-        preparing = {n.name for n in records if n.state == S.PREPARING}
-        for name in self._backoff.keys() - preparing:  # left preparing: a fresh start next time
-            del self._backoff[name]
+        """Start one step for every node in a state that calls for one, not
+        busy and not waiting out a backoff."""
+        records = await self._nodes.records_in(STEPPING)
+        states = {n.name: n.state for n in records}
+        for name, counted in list(self._backoff.items()):
+            if states.get(name) != counted.state:  # moved on: a fresh start
+                del self._backoff[name]
         now = self.clock()
         for node in records:
-            if node.name in self._busy or node.state in (S.READY, S.ALLOCATED):
+            if node.name in self._busy:
                 continue
             backoff = self._backoff.get(node.name)
-            if node.state == S.PREPARING and backoff is not None and now < backoff.retry_at:
-                continue  # backing off after a failed attempt
+            if backoff is not None and now < backoff.retry_at:
+                continue
             self._busy.add(node.name)
             self._steps.spawn(self._step_guarded(node))
 
@@ -175,12 +220,34 @@ class Lifecycle:
             if became_free:
                 await self._on_capacity()
         except KilnError as e:
-            log.warning("node %s: %s", row.name, e)
+            delay = self._back_off(await self._current(row), idle=False)
+            log.warning("node %s: %s (step %d failed; next in %.0fs)", row.name, e, *delay)
             await self._note(row.name, str(e))
         except Exception:
             log.exception("node %s: lifecycle step failed", row.name)
+            with contextlib.suppress(Exception):
+                self._back_off(await self._current(row), idle=False)
         finally:
             self._busy.discard(row.name)
+
+    async def _current(self, row: NodeRecord) -> NodeRecord:
+        """The node as stored now (a step may have moved it before it failed)."""
+        try:
+            return await self._row(row.name)
+        except NotFound:
+            return row
+
+    def _back_off(self, row: NodeRecord, *, idle: bool) -> tuple[int, float]:
+        """Count a step that failed (or, ``idle``, made no progress) and set
+        when the node may step again; returns (steps in a row, the delay).
+        Preparation counts its own attempts (``_preparation_failed``)."""
+        backoff = self._backoff.get(row.name)
+        if backoff is None or backoff.state != row.state:
+            backoff = self._backoff[row.name] = _Backoff(row.state)
+        backoff.failures += 1
+        delay = self.step_backoff.delay(backoff.failures, self._rng)
+        backoff.retry_at = self.clock() + delay
+        return backoff.failures, delay
 
     async def _step(self, row: NodeRecord) -> bool:
         """Take one step; True when the node just became ready."""
@@ -214,6 +281,7 @@ class Lifecycle:
             await self._nodes.power(row.name, "status")
         if not self._agents.is_connected(row.name) or row.gpu_count == 0:
             await self._note(row.name, "powered on; waiting for the node's agent to register")
+            self._back_off(row, idle=True)  # its registration pokes the node
             return False
         await self._move(row.name, S.PREPARING, f"inspected: {row.gpu_count} GPUs")
         return await self._prepare(await self._row(row.name))
@@ -223,6 +291,7 @@ class Lifecycle:
         ``_preparation_failed``) and the next attempt waits its backoff."""
         if not self._agents.is_connected(row.name):
             await self._note(row.name, "waiting for the node's agent to prepare the GPUs")
+            self._back_off(row, idle=True)  # its registration pokes the node
             return False
         profile_name = row.wanted_profile
         try:
@@ -238,7 +307,9 @@ class Lifecycle:
         """Quarantine the node when ``error`` is permanent or its attempts are
         used up; otherwise note the failure and back off. One warning per
         attempt. A node no longer preparing (drained meanwhile) is left alone."""
-        backoff = self._backoff.setdefault(name, _Backoff())
+        backoff = self._backoff.get(name)
+        if backoff is None or backoff.state != S.PREPARING:
+            backoff = self._backoff[name] = _Backoff(S.PREPARING)
         backoff.failures += 1
         n, most = backoff.failures, self.retry.max_attempts
         what = f"cannot reach profile {profile_name or 'defaults'}: {error}"

@@ -220,6 +220,15 @@ class Nodes:
 
         return await self._store.read(query)
 
+    async def records_in(self, states: Sequence[NodeState]) -> list[NodeRecord]:
+        """The nodes in any of ``states`` (read by the state index), by name."""
+
+        def query(tx: Tx) -> list[NodeRecord]:
+            found = [n for state in states for n in tx.nodes.find(state=state)]
+            return sorted(found, key=lambda n: n.name)
+
+        return await self._store.read(query)
+
     async def records(self) -> list[NodeRecord]:
         return await self._store.read(lambda tx: tx.nodes.find())
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from controller.core.eventlog import record
 from controller.core.kinds import EventKind
@@ -75,8 +76,11 @@ class PowerSync:
         *,
         interval: float = 60.0,
         concurrency: int = 256,
+        on_change: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
+        self._on_change = on_change
+        self.rows_written = 0  # by the last pass
         self._nodes = nodes
         self._bmc = bmc
         self.interval = interval
@@ -97,26 +101,39 @@ class PowerSync:
         nodes = await self._nodes.records()
         targets = await self._nodes.targets(nodes)
         polled = await self._bmc.poll_power(targets, self.concurrency)
-        drifted = await self._store.tx(lambda tx: self._apply(tx, polled))
+        drifted, written = await self._store.tx(lambda tx: self._apply(tx, polled))
         self.last_pass_seconds = time.monotonic() - started
+        self.rows_written = written
         log.info(
-            "power sync: %d BMCs in %.1fs, %d not as expected",
+            "power sync: %d BMCs in %.1fs, %d changed, %d not as expected",
             len(nodes),
             self.last_pass_seconds,
+            written,
             len(drifted),
         )
+        if written and self._on_change is not None:
+            await self._on_change()  # e.g. a node held back by its BMC is free again
         return drifted
 
     @staticmethod
-    def _apply(tx: Tx, polled: dict[str, tuple[str | None, str]]) -> list[str]:
-        drifted = []
+    def _apply(tx: Tx, polled: dict[str, tuple[str | None, str]]) -> tuple[list[str], int]:
+        """Fold the readings in; only nodes whose power or BMC health changed
+        are written. Returns (the nodes not as expected, the nodes written)."""
+        drifted, written = [], 0
         for name, (power, health) in polled.items():
             node = tx.nodes.get(name)
             if node is None:
                 continue
+            reading = node.power if power is None else PowerState(power)
+            if reading == node.power and health == node.bmc_health:
+                want = expected_power(node)
+                if want is not None and reading != want:
+                    drifted.append(name)  # still drifted: told when it changed
+                continue
+            written += 1
             if power is None:  # unreadable: only the BMC's health changes
                 node.bmc_health = health
                 tx.nodes.save(node)
-            elif note_power(tx, node, PowerState(power), health):
+            elif note_power(tx, node, reading, health):
                 drifted.append(name)
-        return sorted(drifted)
+        return sorted(drifted), written

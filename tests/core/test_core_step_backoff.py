@@ -1,0 +1,134 @@
+"""Reconcile by change: idle nodes are not read, a failing node waits longer
+after each failure, and a change that may unblock it clears the wait."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+
+import pytest
+from core_fakes import FakeBmc
+
+from controller.core.fleet import Fleet
+from controller.core.lifecycle import STEPPING, StepBackoff
+from controller.core.model import EnrollSpec
+from controller.core.states import NodeState
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def enroll(fleet: Fleet, name: str) -> None:
+    await fleet.enroll(EnrollSpec(name=name, bmc_url=f"fake://{name}", username="u", password="p"))
+
+
+async def tries(fleet: Fleet, bmc: FakeBmc, clock: FakeClock, node: str, seconds: int) -> list[int]:
+    """One lifecycle pass per simulated second; the seconds at which the
+    node's BMC was tried."""
+    tried = []
+    start = clock.now
+    for second in range(seconds):
+        clock.now = start + second
+        before = sum(1 for n, _ in bmc.calls if n == node)
+        await fleet.lifecycle.reconcile_once()
+        await fleet.lifecycle.settle()
+        if sum(1 for n, _ in bmc.calls if n == node) > before:
+            tried.append(second)
+    return tried
+
+
+def gaps(seconds: list[int]) -> list[int]:
+    return [b - a for a, b in itertools.pairwise(seconds)]
+
+
+@pytest.mark.timeout(60)
+async def test_an_unreachable_bmc_is_retried_with_growing_delays(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc
+) -> None:
+    fleet = make_fleet()
+    clock = FakeClock()
+    fleet.lifecycle.clock = clock
+    fleet.lifecycle.step_backoff = StepBackoff(first_delay_s=1, max_delay_s=16, jitter=0)
+    bmc.unreachable.add("dead")
+    await enroll(fleet, "dead")
+    tried = await tries(fleet, bmc, clock, "dead", 80)
+    assert gaps(tried)[:5] == [1, 2, 4, 8, 16]
+    assert all(g == 16 for g in gaps(tried)[5:])  # capped
+    node = await fleet.get_node("dead")
+    assert node.state == NodeState.INSPECTING and "no route" in node.state_reason
+    # The BMC is fixed and an operator acts: the wait is forgotten at once.
+    bmc.unreachable.discard("dead")
+    fleet.lifecycle.poke("dead")
+    assert fleet.lifecycle.waiting("dead") == 0.0
+    assert await tries(fleet, bmc, clock, "dead", 1) == [0]
+
+
+@pytest.mark.timeout(60)
+async def test_a_node_waiting_for_its_agent_is_not_polled_every_pass(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc
+) -> None:
+    fleet = make_fleet()
+    clock = FakeClock()
+    fleet.lifecycle.clock = clock
+    fleet.lifecycle.step_backoff = StepBackoff(first_delay_s=1, max_delay_s=8, jitter=0)
+    bmc.power["quiet"] = "on"
+    await enroll(fleet, "quiet")
+    tried = await tries(fleet, bmc, clock, "quiet", 40)
+    assert len(tried) <= 8  # 40 passes, at most every 8 s once backed off
+    assert "waiting for the node's agent" in (await fleet.get_node("quiet")).state_reason
+
+
+@pytest.mark.timeout(60)
+async def test_the_jitter_spreads_retries_within_bounds() -> None:
+    policy = StepBackoff(first_delay_s=2, max_delay_s=60, jitter=0.5)
+    rng = random.Random(3)
+    delays = [policy.delay(3, rng) for _ in range(200)]  # base 8 s
+    assert all(4.0 <= d <= 8.0 for d in delays)
+    assert max(delays) - min(delays) > 2.0
+    assert all(30.0 <= policy.delay(20, rng) <= 60.0 for _ in range(50))
+
+
+@pytest.mark.timeout(60)
+async def test_a_pass_reads_only_nodes_that_need_a_step(
+    make_fleet: Callable[..., Fleet], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet = make_fleet()
+    asked: list[tuple[NodeState, ...]] = []
+    real = fleet.nodes.records_in
+
+    async def spy(states: tuple[NodeState, ...]) -> list[object]:
+        asked.append(tuple(states))
+        return await real(states)  # type: ignore[return-value]
+
+    async def never() -> None:
+        raise AssertionError("a pass read every node")
+
+    monkeypatch.setattr(fleet.nodes, "records_in", spy)
+    monkeypatch.setattr(fleet.nodes, "records", never)
+    await fleet.lifecycle.reconcile_once()
+    assert asked == [STEPPING]
+    assert NodeState.READY not in STEPPING and NodeState.ALLOCATED not in STEPPING
+
+
+@pytest.mark.timeout(60)
+async def test_power_sync_writes_only_what_changed(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc
+) -> None:
+    fleet = make_fleet()
+    for name in ("p1", "p2", "p3"):
+        await enroll(fleet, name)
+        bmc.power[name] = "on"
+    await fleet.power_sync.run_once()
+    assert fleet.power_sync.rows_written == 3  # first sighting of each
+    await fleet.power_sync.run_once()
+    assert fleet.power_sync.rows_written == 0  # nothing changed: nothing written
+    bmc.power["p2"] = "off"
+    await fleet.power_sync.run_once()
+    assert fleet.power_sync.rows_written == 1
+    assert (await fleet.get_node("p2")).power.value == "off"
