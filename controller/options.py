@@ -148,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
         "most samples a crash loses, never a transition or event (default %(default)s)",
     )
     p.add_argument(
+        "--max-health-reports-per-second",
+        type=rate,
+        default=5000.0,
+        help="health reports a second the controller asks of all agents together; beyond "
+        "it, registering agents are told to sample less often (default %(default)s)",
+    )
+    p.add_argument(
         "--rules",
         type=Path,
         default=None,
@@ -356,6 +363,7 @@ def parse(argv: list[str] | None = None) -> Options:
         rules=load_rule_file(args.rules),
         sample_interval=args.sample_interval,
         health_flush_interval=args.health_flush_interval,
+        max_health_reports_per_second=args.max_health_reports_per_second,
         mqtt=args.mqtt,
         mqtt_access=mqtt_access,
         power_sync_interval=args.power_sync_interval,

@@ -180,6 +180,7 @@ class ControllerConfig:
     prep_limits: PrepLimits = field(default_factory=PrepLimits)
     sample_interval: float = 5.0
     health_flush_interval: float = 5.0  # the agents' latest health, written behind
+    max_health_reports_per_second: float = 5000.0  # more agents are told to slow down
     bmc_call_timeout: float = 10.0
     bmc_power_timeout: float = 120.0
     bmc_power_resend_after: float = 30.0  # an unapplied power command is sent once more
@@ -336,6 +337,7 @@ class ControllerServer:
             agent_silent_after=cfg.agent_silent_after,
             bmc_thermal_interval=cfg.bmc_thermal_interval,
             health_flush_interval=cfg.health_flush_interval,
+            max_reports_per_second=cfg.max_health_reports_per_second,
         )
         if cfg.mqtt:
             host, _, port = cfg.mqtt.rpartition(":")

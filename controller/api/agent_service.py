@@ -75,7 +75,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return
         yield agent_pb2.ControllerMessage(
             registered=agent_pb2.Registered(
-                node_name=reg.node_name, sample_interval_s=self._fleet.sample_interval
+                node_name=reg.node_name, sample_interval_s=self._fleet.agent_sample_interval()
             )
         )
         reader = asyncio.create_task(self._read(session, request_iterator))

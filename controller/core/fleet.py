@@ -59,6 +59,10 @@ from controller.policies import PolicyEngine, RuleSet, load_default_rules
 
 log = logging.getLogger(__name__)
 
+# Health reports a second the controller asks its agents for, at most; more
+# agents than that allows are told to report less often (agent_sample_interval).
+DEFAULT_MAX_REPORTS_PER_SECOND = 5000.0
+
 
 def _not_a_number(constant: str) -> object:
     """``json.loads`` takes NaN and Infinity, which JSON itself does not."""
@@ -93,6 +97,7 @@ class Fleet:
         agent_silent_after: float = 15.0,
         bmc_thermal_interval: float = 10.0,
         health_flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        max_reports_per_second: float = DEFAULT_MAX_REPORTS_PER_SECOND,
     ) -> None:
         self.store = store
         self.bmc = bmc
@@ -133,6 +138,8 @@ class Fleet:
         self.tokens = Tokens(store)
         self.audit = AuditLog(store)
         self.sample_interval = sample_interval
+        self.max_reports_per_second = max_reports_per_second
+        self.report_interval = sample_interval  # what the last agent was told
         self._loops = BackgroundTasks()
         self._background = BackgroundTasks()
         self._schedule_queued = False
@@ -338,6 +345,29 @@ class Fleet:
         self.lifecycle.poke(node)
         self._schedule_soon()  # the node may be schedulable again
         return session
+
+    def agent_sample_interval(self) -> float:
+        """How often a registering agent is told to report (``Registered``):
+        the configured sample interval, or longer when the fleet's agents at
+        that interval would send more than ``max_reports_per_second`` — the
+        controller slows its agents down rather than buffer without bound."""
+        agents = len(self.agents.connected()) + 1
+        interval = max(self.sample_interval, agents / self.max_reports_per_second)
+        if interval > self.sample_interval and self.report_interval <= self.sample_interval:
+            log.warning(
+                "health reports: %d agents at one per %gs would send %.0f/s, over the "
+                "budget of %g/s (--max-health-reports-per-second); agents registering "
+                "now report every %.1fs",
+                agents,
+                self.sample_interval,
+                agents / self.sample_interval,
+                self.max_reports_per_second,
+                interval,
+            )
+        elif interval <= self.sample_interval < self.report_interval:
+            log.info("health reports: back within budget; agents report every %gs", interval)
+        self.report_interval = interval
+        return interval
 
     def _schedule_soon(self) -> None:
         """One scheduling pass soon, however many registrations ask for it

@@ -132,6 +132,7 @@ class PolicyRunner:
         self.engine = engine
         self._on_node_failed = on_node_failed
         self.tick_interval = tick_interval
+        self._last_silent_scan = float("-inf")
         self.silent_after = silent_after
         self.bmc_sample_interval = bmc_sample_interval
         self._clock = clock
@@ -185,8 +186,14 @@ class PolicyRunner:
             await asyncio.sleep(self.tick_interval)
 
     async def _sample_silent_nodes(self) -> None:
+        """BMC thermal samples for powered-on nodes whose agents went silent.
+        The fleet is read a few times per ``silent_after``, not every tick:
+        at fleet size a read of every node each second is most of a core."""
         now = self._clock()
-        for row in await self._nodes.records():
+        if now - self._last_silent_scan < self.silent_after / 3:
+            return
+        self._last_silent_scan = now
+        for row in await self._nodes.records_in(WATCHED):
             if (
                 row.state not in WATCHED
                 or row.power != PowerState.ON
