@@ -4,6 +4,14 @@ Every unit of work is a plain function of a ``Tx`` that runs inside one
 transaction on a dedicated worker thread, so the asyncio services never block
 on the database and SQLite sees one writer at a time. Events the unit of work
 records commit with it (the outbox), and only then are listeners told.
+
+Group commit: the writes queued while the thread was busy run together, in
+order, in one transaction with one commit (up to ``GROUP_MAX``), which is
+what lets thousands of agents register, or hundreds of allocations a second
+be admitted, each durable before its caller hears back. The result is the
+same as running them one after another. When one of them fails, the group is
+rolled back and each runs again alone, so a failure is its own caller's only:
+a unit of work must act through its ``Tx`` alone (it may be run twice).
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from cryptography.fernet import Fernet
 from sqlalchemy.engine import Engine
@@ -25,6 +34,15 @@ from controller.store.secrets import SecretBox
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+GROUP_MAX = 256  # units of work committed together, at most
+
+
+@dataclass
+class _Outcome:
+    result: Any = None
+    events: int = 0
+    error: BaseException | None = None
 
 
 class StoreFailed(KilnError):
@@ -102,6 +120,9 @@ class SqlStore:
             max_workers=workers, thread_name_prefix="kiln-db"
         )
         self._listeners: list[Callable[[], None]] = []
+        self._queued: list[tuple[Callable[[SqlTx], Any], asyncio.Future[_Outcome]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+        self.groups = 0  # group commits so far (more than one unit of work)
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -124,13 +145,62 @@ class SqlStore:
                 raise _store_error(e) from e
             return result, tx.events.added
 
+    def _alone(self, fn: Callable[[SqlTx], Any]) -> _Outcome:
+        try:
+            result, events = self._run(fn, write=True)
+        except Exception as e:
+            return _Outcome(error=e)
+        return _Outcome(result, events)
+
+    def _run_group(self, fns: list[Callable[[SqlTx], Any]]) -> list[_Outcome]:
+        """Run ``fns`` in order in one transaction; on any failure, each alone."""
+        if len(fns) == 1:
+            return [self._alone(fns[0])]
+        with Session(self.engine, expire_on_commit=False) as session:
+            outcomes = []
+            try:
+                for fn in fns:
+                    tx = SqlTx(session, self._secrets)
+                    result = fn(tx)
+                    session.flush()  # a constraint fails here, at its own unit
+                    outcomes.append(_Outcome(result, tx.events.added))
+                session.commit()
+            except Exception:
+                session.rollback()
+            else:
+                self.groups += 1
+                return outcomes
+        return [self._alone(fn) for fn in fns]
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._queued:
+            group, self._queued = self._queued[:GROUP_MAX], self._queued[GROUP_MAX:]
+            fns = [fn for fn, _ in group]
+            try:
+                outcomes = await loop.run_in_executor(self._pool, self._run_group, fns)
+            except BaseException as e:  # the pool shut down, or this task was cancelled
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(StoreUnavailable() if isinstance(e, Exception) else e)
+                raise
+            for (_, future), outcome in zip(group, outcomes, strict=True):
+                if not future.done():
+                    future.set_result(outcome)
+
     async def tx(self, fn: Callable[[SqlTx], T]) -> T:
         loop = asyncio.get_running_loop()
-        result, events = await loop.run_in_executor(self._pool, lambda: self._run(fn, write=True))
-        if events:
+        future: asyncio.Future[_Outcome] = loop.create_future()
+        self._queued.append((fn, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = loop.create_task(self._drain(), name="kiln-db-writes")
+        outcome = await asyncio.shield(future)
+        if outcome.error is not None:
+            raise outcome.error
+        if outcome.events:
             for listener in self._listeners:
                 listener()
-        return result
+        return outcome.result  # type: ignore[no-any-return]
 
     async def read(self, fn: Callable[[SqlTx], T]) -> T:
         loop = asyncio.get_running_loop()
