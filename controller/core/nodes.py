@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 from controller.core.agents import AgentHub
 from controller.core.errors import AlreadyExists, BmcError, InvalidArgument, KilnError
@@ -572,33 +573,31 @@ class Nodes:
             rack = self._rack_of[name] = node.rack
         self.live.note(name, health)
         if health.drift:
-
-            def write(tx: Tx) -> None:
-                node = tx.nodes.get(name)
-                if node is not None:
-                    record(
-                        tx,
-                        EventKind.NODE_GPU_DRIFT,
-                        node=name,
-                        allocation=node.allocation_id,
-                        reason="GPU settings drifted from the profile; the agent re-applied it",
-                        drift=list(health.drift),
-                        profile=node.applied_profile,
-                    )
-
-            await self._store.tx(write)
+            await self._node_event(
+                name,
+                EventKind.NODE_GPU_DRIFT,
+                "GPU settings drifted from the profile; the agent re-applied it",
+                lambda node: {"drift": list(health.drift), "profile": node.applied_profile},
+            )
         return rack
 
     async def agent_gone(self, name: str) -> None:
+        await self._node_event(name, EventKind.NODE_AGENT, "agent disconnected")
+
+    async def _node_event(
+        self,
+        name: str,
+        kind: EventKind,
+        reason: str,
+        data: Callable[[NodeRecord], dict[str, Any]] | None = None,
+    ) -> None:
+        """Record an event of the node (and the allocation that holds it), if
+        the node exists; ``data`` gives the event's fields from the node."""
+
         def write(tx: Tx) -> None:
             node = tx.nodes.get(name)
             if node is not None:
-                record(
-                    tx,
-                    EventKind.NODE_AGENT,
-                    node=name,
-                    allocation=node.allocation_id,
-                    reason="agent disconnected",
-                )
+                fields = data(node) if data is not None else {}
+                record(tx, kind, node=name, allocation=node.allocation_id, reason=reason, **fields)
 
         await self._store.tx(write)
