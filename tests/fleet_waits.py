@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from controller.cli.pages import every_page_async
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 Stub = fleet_pb2_grpc.FleetServiceStub
@@ -18,7 +19,7 @@ async def wait_all_ready(stub: Stub, within: float = 60.0) -> list[fleet_pb2.Nod
     """Every enrolled node ready and schedulable."""
     deadline = time.monotonic() + within
     while True:
-        nodes = list((await stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes)
+        nodes = await every_page_async(stub.ListNodes, fleet_pb2.ListNodesRequest(), "nodes")
         if nodes and all(n.state == types_pb2.NODE_STATE_READY and n.schedulable for n in nodes):
             return nodes
         if time.monotonic() > deadline:

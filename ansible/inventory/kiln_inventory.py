@@ -10,7 +10,8 @@ Protocol (Ansible's "inventory script" contract):
 
 The controller is ``$KILN_CONTROLLER`` (HOST:PORT, default 127.0.0.1:50051),
 reached over gRPC (``kiln.v1.FleetService``); ``$KILN_INVENTORY_TIMEOUT`` is
-the deadline of each call in seconds (default 10).
+the deadline of each call in seconds (default 10). Nodes are read a page
+of 1000 at a time, every page.
 
 Groups (names lower-cased, anything but ``[a-z0-9_]`` replaced by ``_``):
 ``kiln_nodes`` (every node), ``rack_<rack>``, ``leaf_<leaf>``,
@@ -48,6 +49,7 @@ TIMEOUT_ENV = "KILN_INVENTORY_TIMEOUT"
 TOKEN_ENV = "KILN_TOKEN"  # a viewer token, for a controller with authentication on
 DEFAULT_CONTROLLER = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 10.0
+PAGE_SIZE = 1000  # nodes per ListNodes call; every page is read
 ALL_NODES_GROUP = "kiln_nodes"
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -218,12 +220,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 request = fleet_pb2.GetNodeRequest(name=args.host)
                 node = stub.GetNode(request, timeout=timeout, metadata=metadata)
                 return inventory.host_vars(node)
-            response = stub.ListNodes(
-                fleet_pb2.ListNodesRequest(), timeout=timeout, metadata=metadata
-            )
+            nodes = _every_node(stub, fleet_pb2, timeout=timeout, metadata=metadata)
         except grpc.RpcError as e:
             raise InventoryError(_rpc_message(grpc, e, target)) from None
-    return inventory.listing(list(response.nodes))
+    return inventory.listing(nodes)
+
+
+def _every_node(stub: Any, fleet_pb2: Any, **call: Any) -> list[Any]:
+    """Every node, page after page (ListNodes answers at most PAGE_SIZE at a time)."""
+    request = fleet_pb2.ListNodesRequest(page_size=PAGE_SIZE)
+    nodes: list[Any] = []
+    seen: set[str] = set()
+    while True:
+        response = stub.ListNodes(request, **call)
+        nodes.extend(response.nodes)
+        token = response.next_page_token
+        if not token:
+            return nodes
+        if token in seen:
+            raise InventoryError("the controller's node list never ends (a page token repeated)")
+        seen.add(token)
+        request.page_token = token
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from controller.core.model import (
     PowerResult,
     RackInfo,
 )
+from controller.core.paging import AllocationFilter, NodeFilter
 from kiln.v1 import fleet_pb2, types_pb2
 
 NODE_STATE = {
@@ -48,6 +49,7 @@ TOPOLOGY_PB = {v: k for k, v in TOPOLOGY.items() if k != fleet_pb2.TOPOLOGY_LEVE
 
 
 NODE_STATE_NAME = {v: k for k, v in NODE_STATE.items()}
+ALLOCATION_STATE_NAME = {v: k for k, v in ALLOCATION_STATE.items()}
 MAX_SEQ = 2**63 - 1  # events are numbered in a signed 64-bit column
 
 
@@ -59,6 +61,32 @@ def node_state_filter(value: int) -> str:
     if value not in NODE_STATE_NAME:
         raise InvalidArgument(f"unknown node state {value}")
     return NODE_STATE_NAME[value]
+
+
+def allocation_state_filter(value: int) -> str:
+    """An AllocationState filter off the wire: "" for none. Raises
+    InvalidArgument for a number this controller does not know."""
+    if value == fleet_pb2.ALLOCATION_STATE_UNSPECIFIED:
+        return ""
+    if value not in ALLOCATION_STATE_NAME:
+        raise InvalidArgument(f"unknown allocation state {value}")
+    return ALLOCATION_STATE_NAME[value]
+
+
+def node_filter(request: fleet_pb2.ListNodesRequest) -> NodeFilter:
+    return NodeFilter(
+        rack=request.rack,
+        state=node_state_filter(request.state),
+        gpu_model=request.gpu_model,
+        allocation=request.allocation,
+    )
+
+
+def allocation_filter(request: fleet_pb2.ListAllocationsRequest) -> AllocationFilter:
+    return AllocationFilter(
+        include_released=request.include_released,
+        state=allocation_state_filter(request.state),
+    )
 
 
 def sequence_number(value: int) -> int:
@@ -75,7 +103,8 @@ GPU_HEALTH_FIELDS = tuple(dataclasses.fields(GpuHealth))
 
 
 def gpu_pb(g: GpuInfo) -> types_pb2.Gpu:
-    return types_pb2.Gpu(**dataclasses.asdict(g))
+    # Field by field: ``dataclasses.asdict`` deep-copies, ~7x slower for a page of GPUs.
+    return types_pb2.Gpu(**{name: getattr(g, name) for name in GPU_FIELDS})
 
 
 def gpu_from_pb(g: types_pb2.Gpu) -> GpuInfo:

@@ -55,9 +55,14 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def ListNodes(
         self, request: fleet_pb2.ListNodesRequest, context: Ctx
     ) -> fleet_pb2.ListNodesResponse:
-        state = convert.node_state_filter(request.state)
-        nodes = await self._fleet.list_nodes(rack=request.rack, state=state)
-        return fleet_pb2.ListNodesResponse(nodes=[convert.node_pb(n) for n in nodes])
+        page = await self._fleet.list_nodes_page(
+            convert.node_filter(request),
+            page_size=request.page_size,
+            page_token=request.page_token,
+        )
+        return fleet_pb2.ListNodesResponse(
+            nodes=[convert.node_pb(n) for n in page.items], next_page_token=page.next_token
+        )
 
     @unary
     async def GetNode(self, request: fleet_pb2.GetNodeRequest, context: Ctx) -> fleet_pb2.Node:
@@ -133,9 +138,14 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def ListAllocations(
         self, request: fleet_pb2.ListAllocationsRequest, context: Ctx
     ) -> fleet_pb2.ListAllocationsResponse:
-        allocs = await self._fleet.list_allocations(include_released=request.include_released)
+        page = await self._fleet.list_allocations_page(
+            convert.allocation_filter(request),
+            page_size=request.page_size,
+            page_token=request.page_token,
+        )
         return fleet_pb2.ListAllocationsResponse(
-            allocations=[convert.allocation_pb(a) for a in allocs]
+            allocations=[convert.allocation_pb(a) for a in page.items],
+            next_page_token=page.next_token,
         )
 
     @unary

@@ -17,6 +17,7 @@ from controller.cli.output import (
     render_table,
     short_enum,
 )
+from controller.cli.pages import every_page
 from kiln.v1 import fleet_pb2
 
 TOPOLOGIES: dict[str, int] = {
@@ -157,7 +158,11 @@ def wait_for(session: Session, alloc: Any, limit_s: float) -> Any:
 def cmd_list(args: argparse.Namespace) -> int:
     request = fleet_pb2.ListAllocationsRequest(include_released=args.all)
     with connect(args) as session:
-        response = session.stub.ListAllocations(request, timeout=session.timeout)
+        # Every page, as one response: the JSON is the shape it always was.
+        allocs = every_page(
+            session.stub.ListAllocations, request, "allocations", timeout=session.timeout
+        )
+        response = fleet_pb2.ListAllocationsResponse(allocations=allocs)
         if session.json:
             emit_json(response)
         else:

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from controller.cli.pages import every_page_async
 from controller.policies import RuleSet, load_rules
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
@@ -135,7 +136,7 @@ async def wait_ready(
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
-        nodes = (await stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes
+        nodes = await every_page_async(stub.ListNodes, fleet_pb2.ListNodesRequest(), "nodes")
         states = Counter(short(types_pb2.NodeState.Name(n.state), "NODE_STATE_") for n in nodes)
         line = ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
         if line != last:
@@ -190,8 +191,10 @@ async def allocate_and_release(stub: fleet_pb2_grpc.FleetServiceStub, say: Say) 
         say(f"refused     1000 nodes → {e.code().name}: {e.details()}")
     ok = rack.state == fleet_pb2.ALLOCATION_STATE_READY and len(rack.nodes) == 18
     ok = ok and gang.state == fleet_pb2.ALLOCATION_STATE_READY and len(gang.nodes) == 2
-    listing = await stub.ListAllocations(fleet_pb2.ListAllocationsRequest())
-    for alloc in listing.allocations:
+    listing = await every_page_async(
+        stub.ListAllocations, fleet_pb2.ListAllocationsRequest(), "allocations"
+    )
+    for alloc in listing:
         say(f"show        {describe(alloc)}")
     for alloc in (rack, gang):
         released = await stub.ReleaseAllocation(fleet_pb2.ReleaseAllocationRequest(id=alloc.id))

@@ -27,6 +27,7 @@ from controller.cli.output import (
     short_enum,
     short_enum_name,
 )
+from controller.cli.pages import every_page
 from kiln.v1 import fleet_pb2, types_pb2
 
 NODE_STATES: dict[str, int] = {
@@ -45,6 +46,12 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("list", help="list nodes")
     p.add_argument("--rack", default="", help="only nodes in this rack")
     p.add_argument("--state", type=_node_state, help="only nodes in this state, e.g. ready")
+    p.add_argument(
+        "--gpu-model", default="", metavar="MODEL", help='only nodes with this GPU, e.g. "H200"'
+    )
+    p.add_argument(
+        "--allocation", default="", metavar="ID", help="only the nodes this allocation holds"
+    )
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("show", help="show one node, its GPUs and their latest health")
@@ -148,9 +155,16 @@ def read_password(path: str) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    request = fleet_pb2.ListNodesRequest(rack=args.rack, state=args.state or 0)
+    request = fleet_pb2.ListNodesRequest(
+        rack=args.rack,
+        state=args.state or 0,
+        gpu_model=args.gpu_model,
+        allocation=args.allocation,
+    )
     with connect(args) as session:
-        response = session.stub.ListNodes(request, timeout=session.timeout)
+        # Every page, as one response: the JSON is the shape it always was.
+        nodes = every_page(session.stub.ListNodes, request, "nodes", timeout=session.timeout)
+        response = fleet_pb2.ListNodesResponse(nodes=nodes)
         if session.json:
             emit_json(response)
         else:

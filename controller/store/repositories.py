@@ -111,6 +111,9 @@ def _copy_node(node: NodeRecord, row: NodeRow) -> None:
     row.allocation_profile = node.allocation_profile or ""
 
 
+_GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuInfo))
+
+
 def gpu_info(row: GpuRow) -> GpuInfo:
     return GpuInfo(**{f.name: getattr(row, f.name) for f in dataclasses.fields(GpuInfo)})
 
@@ -296,17 +299,18 @@ class SqlNodes:
         return dict(by_node)
 
     def gpus_of(self, names: Collection[str]) -> dict[str, list[GpuInfo]]:
+        # Plain column tuples, not ORM rows: a page holds thousands of GPUs.
         wanted = sorted(set(names))
+        columns = [col(getattr(GpuRow, name)) for name in _GPU_FIELDS]
         by_node: dict[str, list[GpuInfo]] = defaultdict(list)
         for start in range(0, len(wanted), _IN_CHUNK):
-            chunk = wanted[start : start + _IN_CHUNK]
             stmt = (
-                select(GpuRow)
-                .where(col(GpuRow.node).in_(chunk))
+                select(col(GpuRow.node), *columns)
+                .where(col(GpuRow.node).in_(wanted[start : start + _IN_CHUNK]))
                 .order_by(col(GpuRow.node), col(GpuRow.index))
             )
-            for g in self._session.exec(stmt):
-                by_node[g.node].append(gpu_info(g))
+            for node, *values in self._session.execute(stmt):
+                by_node[node].append(GpuInfo(**dict(zip(_GPU_FIELDS, values, strict=True))))
         return dict(by_node)
 
     def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from fleet_waits import wait_all_ready, wait_allocation
 
+from controller.cli.pages import every_page_async
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
@@ -28,7 +29,7 @@ class Harness:
         self.stub = stub
 
     async def nodes(self) -> list[fleet_pb2.Node]:
-        return list((await self.stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes)
+        return await every_page_async(self.stub.ListNodes, fleet_pb2.ListNodesRequest(), "nodes")
 
     async def wait_all_ready(self, timeout: float = 60.0) -> list[fleet_pb2.Node]:
         return await wait_all_ready(self.stub, timeout)

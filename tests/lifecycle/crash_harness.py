@@ -24,6 +24,7 @@ from crash_driver import MAX_DRAINED, PROFILE_YAML, SPECS, Driver, Ledger
 from crash_process import ControllerProcess
 from crash_store import StoredEvent, StoreSnapshot, read_store, store_violations
 
+from controller.cli.pages import every_page_async
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, SimNodeSpec
 from controller.sim.ports import free_port
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
@@ -222,7 +223,9 @@ class CrashHarness:
             await driver.release(self.rng.choice(self.ledger.active()))
         while time.monotonic() < deadline:
             try:
-                nodes = (await stub.ListNodes(fleet_pb2.ListNodesRequest(), timeout=5.0)).nodes
+                nodes = await every_page_async(
+                    stub.ListNodes, fleet_pb2.ListNodesRequest(), "nodes", timeout=5.0
+                )
             except grpc.aio.AioRpcError:
                 nodes = []
             seen = [n for n in nodes if node_state(n) == state]
@@ -245,13 +248,11 @@ class CrashHarness:
         stub = self._stub()
         deadline = time.monotonic() + self.settle_timeout
         while True:
-            nodes = list((await stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes)
-            allocs = list(
-                (
-                    await stub.ListAllocations(
-                        fleet_pb2.ListAllocationsRequest(include_released=True)
-                    )
-                ).allocations
+            nodes = await every_page_async(stub.ListNodes, fleet_pb2.ListNodesRequest(), "nodes")
+            allocs = await every_page_async(
+                stub.ListAllocations,
+                fleet_pb2.ListAllocationsRequest(include_released=True),
+                "allocations",
             )
             why = unsettled(nodes, allocs, self.ledger.drain, self.racks)
             if not why:
@@ -362,9 +363,9 @@ class CrashHarness:
     async def wind_down(self) -> StoreSnapshot:
         """Release everything, undrain everything; every node must come back ready."""
         driver = self.driver()
-        allocs = (
-            await self._stub().ListAllocations(fleet_pb2.ListAllocationsRequest())
-        ).allocations
+        allocs = await every_page_async(
+            self._stub().ListAllocations, fleet_pb2.ListAllocationsRequest(), "allocations"
+        )
         for a in allocs:
             self.ledger.acked.setdefault(a.key, a.id)
             self.ledger.specs.setdefault(a.key, a.spec)

@@ -22,6 +22,7 @@ from typing import Any
 import aiomqtt
 import grpc
 
+from controller.cli.pages import every_page_async
 from controller.core.health_policy import PolicyRunner
 from controller.events import Event
 from controller.policies import load_rules
@@ -135,7 +136,7 @@ class ThermalHarness:
         return await self.stub.GetNode(fleet_pb2.GetNodeRequest(name=name))
 
     async def nodes(self) -> list[fleet_pb2.Node]:
-        return list((await self.stub.ListNodes(fleet_pb2.ListNodesRequest())).nodes)
+        return await every_page_async(self.stub.ListNodes, fleet_pb2.ListNodesRequest(), "nodes")
 
     async def wait_node(
         self, name: str, match: Callable[[fleet_pb2.Node], bool], within: float = 30.0

@@ -120,18 +120,28 @@ class EnrollNodeRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., bmc_url: _Optional[str] = ..., username: _Optional[str] = ..., password: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., insecure: _Optional[bool] = ..., ca_bundle: _Optional[str] = ..., profile: _Optional[str] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ("rack", "state")
+    __slots__ = ("rack", "state", "page_size", "page_token", "gpu_model", "allocation")
     RACK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     rack: str
     state: _types_pb2.NodeState
-    def __init__(self, rack: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    gpu_model: str
+    allocation: str
+    def __init__(self, rack: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., gpu_model: _Optional[str] = ..., allocation: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes",)
+    __slots__ = ("nodes", "next_page_token")
     NODES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetNodeRequest(_message.Message):
     __slots__ = ("name",)
@@ -312,16 +322,24 @@ class GetAllocationRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class ListAllocationsRequest(_message.Message):
-    __slots__ = ("include_released",)
+    __slots__ = ("include_released", "page_size", "page_token", "state")
     INCLUDE_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     include_released: bool
-    def __init__(self, include_released: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    state: AllocationState
+    def __init__(self, include_released: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., state: _Optional[_Union[AllocationState, str]] = ...) -> None: ...
 
 class ListAllocationsResponse(_message.Message):
-    __slots__ = ("allocations",)
+    __slots__ = ("allocations", "next_page_token")
     ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     allocations: _containers.RepeatedCompositeFieldContainer[Allocation]
-    def __init__(self, allocations: _Optional[_Iterable[_Union[Allocation, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, allocations: _Optional[_Iterable[_Union[Allocation, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ReleaseAllocationRequest(_message.Message):
     __slots__ = ("id",)
