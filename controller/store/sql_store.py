@@ -1,8 +1,9 @@
 """The core's ``Store`` port on SQLAlchemy: transactions off the event loop.
 
 Every unit of work is a plain function of a ``Tx`` that runs inside one
-transaction on a dedicated worker thread, so the asyncio services never block
-on the database and SQLite sees one writer at a time. Events the unit of work
+transaction on a worker thread, so the asyncio services never block on the
+database: writes on one thread (SQLite sees one writer at a time), reads on
+threads of their own, so that a read never queues behind writes. Events the unit of work
 records commit with it (the outbox), and only then are listeners told.
 
 Group commit: the writes queued while the thread was busy run together, in
@@ -36,6 +37,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 GROUP_MAX = 256  # units of work committed together, at most
+READ_THREADS = 2  # reads beside the one writer
 
 
 @dataclass
@@ -118,6 +120,11 @@ class SqlStore:
         self._secrets = secrets or SecretBox(Fernet.generate_key())
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="kiln-db"
+        )
+        # Reads on threads of their own: a GetNode never waits behind a group
+        # commit (SQLite's WAL lets readers run beside its one writer).
+        self._read_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=READ_THREADS, thread_name_prefix="kiln-db-read"
         )
         self._listeners: list[Callable[[], None]] = []
         self._queued: list[tuple[Callable[[SqlTx], Any], asyncio.Future[_Outcome]]] = []
@@ -204,9 +211,12 @@ class SqlStore:
 
     async def read(self, fn: Callable[[SqlTx], T]) -> T:
         loop = asyncio.get_running_loop()
-        result, _ = await loop.run_in_executor(self._pool, lambda: self._run(fn, write=False))
+        result, _ = await loop.run_in_executor(
+            self._read_pool, lambda: self._run(fn, write=False)
+        )
         return result
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._read_pool.shutdown(wait=True)
         self.engine.dispose()

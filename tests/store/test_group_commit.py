@@ -14,6 +14,11 @@ from controller.core.states import NodeState
 from controller.store.sql_store import SqlStore, SqlTx
 
 
+def ours(names: list[str]) -> list[str]:
+    """This test's nodes (the PostgreSQL database is shared with other tests)."""
+    return [n for n in names if n.startswith("g0")]
+
+
 def node(i: int) -> NodeRecord:
     return NodeRecord(name=f"g{i:04d}", bmc_url=f"redfish+http://127.0.0.1:{9000 + i}/x")
 
@@ -34,7 +39,7 @@ async def test_concurrent_writes_commit_in_groups_and_in_order(engine: Engine) -
         assert names == [f"g{i:04d}" for i in range(300)]
         assert store.groups >= 1  # more than one write went in a commit
         stored = await store.read(lambda tx: [n.name for n in tx.nodes.find()])
-        assert stored == names
+        assert ours(stored) == names
     finally:
         store.close()
 
@@ -66,6 +71,6 @@ async def test_a_failing_write_fails_alone(engine: Engine) -> None:
         assert isinstance(results[2], NotFound)
         assert results[3] == NodeState.ENROLLED
         stored = await store.read(lambda tx: [n.name for n in tx.nodes.find()])
-        assert stored == ["g0000", "g0001", "g0002"]
+        assert ours(stored) == ["g0000", "g0001", "g0002"]
     finally:
         store.close()
