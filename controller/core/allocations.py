@@ -387,7 +387,7 @@ class Allocations:
     ) -> tuple[list[NodeRecord], list[AllocationRecord], list[AllocationRecord]]:
         allocs = tx.allocations.find(OPEN)
         return (
-            tx.nodes.find(),
+            tx.nodes.find(with_health=False),
             [a for a in allocs if a.state in HOLDING],
             [a for a in allocs if a.state == A.PENDING],
         )
@@ -401,7 +401,8 @@ class Allocations:
         pending = [a for a in allocs if a.state == A.PENDING]
         if not pending:
             return [], [], []
-        return tx.nodes.find(), [a for a in allocs if a.state in HOLDING], pending
+        nodes = tx.nodes.find(with_health=False)
+        return nodes, [a for a in allocs if a.state in HOLDING], pending
 
     def _apply(
         self,

@@ -222,16 +222,18 @@ class Nodes:
         return await self._store.read(query)
 
     async def records_in(self, states: Sequence[NodeState]) -> list[NodeRecord]:
-        """The nodes in any of ``states`` (read by the state index), by name."""
+        """The nodes in any of ``states`` (read by the state index), by name;
+        their stored health is not read (``latest_health`` has it)."""
 
         def query(tx: Tx) -> list[NodeRecord]:
-            found = [n for state in states for n in tx.nodes.find(state=state)]
+            found = [n for state in states for n in tx.nodes.find(state=state, with_health=False)]
             return sorted(found, key=lambda n: n.name)
 
         return await self._store.read(query)
 
     async def records(self) -> list[NodeRecord]:
-        return await self._store.read(lambda tx: tx.nodes.find())
+        """Every node, by name, without its stored health (``latest_health``)."""
+        return await self._store.read(lambda tx: tx.nodes.find(with_health=False))
 
     async def targets(self, nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
         """How to reach each node's BMC (passwords unsealed by the store)."""

@@ -30,8 +30,12 @@ T = TypeVar("T")
 class NodeRepository(Protocol):
     def get(self, name: str) -> NodeRecord | None: ...
 
-    def find(self, *, rack: str = "", state: NodeState | None = None) -> list[NodeRecord]:
-        """Nodes ordered by name, optionally of one rack and/or one state."""
+    def find(
+        self, *, rack: str = "", state: NodeState | None = None, with_health: bool = True
+    ) -> list[NodeRecord]:
+        """Nodes ordered by name, optionally of one rack and/or one state;
+        ``with_health=False`` leaves ``health`` None (not parsed: a scheduling
+        pass over the fleet needs none)."""
         ...
 
     def page(
@@ -65,7 +69,8 @@ class NodeRepository(Protocol):
         ...
 
     def save(self, node: NodeRecord) -> None:
-        """Write back every field of a record read in this transaction."""
+        """Write back every field of a record read in this transaction, but
+        its health: that is written by ``save_health``/``save_health_batch``."""
         ...
 
     def set_credentials(self, node: NodeRecord, username: str, bmc_password: str) -> None:

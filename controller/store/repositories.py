@@ -88,13 +88,13 @@ _NODE_PLAIN = (
 _POWER_STATES = frozenset(s.value for s in PowerState)
 
 
-def node_record(row: NodeRow) -> NodeRecord:
+def node_record(row: NodeRow, *, with_health: bool = True) -> NodeRecord:
     return NodeRecord(
         **{name: getattr(row, name) for name in _NODE_PLAIN},
         state=NodeState(row.state),
         power=PowerState(row.power) if row.power in _POWER_STATES else PowerState.UNKNOWN,
         expected_power=PowerState(row.expected_power) if row.expected_power else None,
-        health=health_from_json(row.health_json),
+        health=health_from_json(row.health_json) if with_health else None,
         drain_target=NodeState(row.drain_target) if row.drain_target else None,
         allocation_profile=row.allocation_profile or None,
     )
@@ -106,7 +106,6 @@ def _copy_node(node: NodeRecord, row: NodeRow) -> None:
     row.state = node.state.value
     row.power = node.power.value
     row.expected_power = node.expected_power.value if node.expected_power else ""
-    row.health_json = health_to_json(node.health)
     row.drain_target = node.drain_target.value if node.drain_target else ""
     row.allocation_profile = node.allocation_profile or ""
 
@@ -192,13 +191,16 @@ class SqlNodes:
         row = self._row(name)
         return node_record(row) if row is not None else None
 
-    def find(self, *, rack: str = "", state: NodeState | None = None) -> list[NodeRecord]:
+    def find(
+        self, *, rack: str = "", state: NodeState | None = None, with_health: bool = True
+    ) -> list[NodeRecord]:
         stmt = select(NodeRow)
         if rack:
             stmt = stmt.where(NodeRow.rack == rack)
         if state is not None:
             stmt = stmt.where(NodeRow.state == state.value)
-        return [node_record(r) for r in self._session.exec(stmt.order_by(col(NodeRow.name)))]
+        rows = self._session.exec(stmt.order_by(col(NodeRow.name)))
+        return [node_record(r, with_health=with_health) for r in rows]
 
     def page(
         self,

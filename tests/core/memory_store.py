@@ -43,12 +43,18 @@ class MemoryNodes:
         node = self._s.nodes.get(name)
         return copy.deepcopy(node) if node is not None else None
 
-    def find(self, *, rack: str = "", state: NodeState | None = None) -> list[NodeRecord]:
-        return [
+    def find(
+        self, *, rack: str = "", state: NodeState | None = None, with_health: bool = True
+    ) -> list[NodeRecord]:
+        found = [
             copy.deepcopy(n)
             for _, n in sorted(self._s.nodes.items())
             if (not rack or n.rack == rack) and (state is None or n.state == state)
         ]
+        if not with_health:
+            for n in found:
+                n.health = None
+        return found
 
     def page(
         self,
@@ -84,7 +90,9 @@ class MemoryNodes:
     def save(self, node: NodeRecord) -> None:
         if node.name not in self._s.nodes:
             raise KeyError(node.name)
-        self._s.nodes[node.name] = copy.deepcopy(node)
+        saved = copy.deepcopy(node)
+        saved.health = self._s.nodes[node.name].health  # health has writers of its own
+        self._s.nodes[node.name] = saved
 
     def set_credentials(self, node: NodeRecord, username: str, bmc_password: str) -> None:
         node.bmc_username = username
