@@ -211,9 +211,7 @@ class SqlStore:
 
     async def read(self, fn: Callable[[SqlTx], T]) -> T:
         loop = asyncio.get_running_loop()
-        result, _ = await loop.run_in_executor(
-            self._read_pool, lambda: self._run(fn, write=False)
-        )
+        result, _ = await loop.run_in_executor(self._read_pool, lambda: self._run(fn, write=False))
         return result
 
     def close(self) -> None:
