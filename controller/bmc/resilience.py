@@ -323,7 +323,7 @@ class BmcGuard:
             pause = self.retry.delay(retry - 1, self._rng)
             if deadline is not None and self.clock.monotonic() + pause >= deadline:
                 raise error
-            LOG.info(
+            LOG.debug(
                 "node %s: BMC %s %s failed (%s); retry %d/%d in %.2fs",
                 self.node,
                 self.host,

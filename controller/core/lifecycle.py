@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -77,6 +78,15 @@ class RetryPolicy:
 
     def delay(self, failures: int) -> float:
         return min(self.max_delay_s, self.first_delay_s * 2 ** max(0, failures - 1))
+
+
+# A countdown inside an error ("next probe in 29.8s") would make the node's
+# state_reason, and so its row, change on every failed step.
+_COUNTDOWN = re.compile(r"; next probe in [0-9.]+s")
+
+
+def _steady(reason: str) -> str:
+    return _COUNTDOWN.sub("", reason)
 
 
 # The states a pass reads: each calls for a step.
@@ -220,9 +230,14 @@ class Lifecycle:
             if became_free:
                 await self._on_capacity()
         except KilnError as e:
-            delay = self._back_off(await self._current(row), idle=False)
-            log.warning("node %s: %s (step %d failed; next in %.0fs)", row.name, e, *delay)
-            await self._note(row.name, str(e))
+            failures, delay = self._back_off(await self._current(row), idle=False)
+            # The 1st, 2nd, 4th, 8th… failure in a row is a warning, the rest
+            # debug: a rack of dead BMCs must not flood the log every minute.
+            level = logging.WARNING if failures & (failures - 1) == 0 else logging.DEBUG
+            log.log(
+                level, "node %s: %s (step %d failed; next in %.0fs)", row.name, e, failures, delay
+            )
+            await self._note(row.name, _steady(str(e)))
         except Exception:
             log.exception("node %s: lifecycle step failed", row.name)
             with contextlib.suppress(Exception):

@@ -132,3 +132,20 @@ async def test_power_sync_writes_only_what_changed(
     await fleet.power_sync.run_once()
     assert fleet.power_sync.rows_written == 1
     assert (await fleet.get_node("p2")).power.value == "off"
+
+
+@pytest.mark.timeout(60)
+async def test_repeated_failures_warn_at_growing_intervals(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc, caplog: pytest.LogCaptureFixture
+) -> None:
+    fleet = make_fleet()
+    clock = FakeClock()
+    fleet.lifecycle.clock = clock
+    fleet.lifecycle.step_backoff = StepBackoff(first_delay_s=1, max_delay_s=1, jitter=0)
+    bmc.unreachable.add("noisy")
+    await enroll(fleet, "noisy")
+    caplog.set_level("WARNING", logger="controller.core.lifecycle")
+    tried = await tries(fleet, bmc, clock, "noisy", 40)
+    warned = [r for r in caplog.records if "noisy" in r.getMessage()]
+    assert len(tried) >= 19  # retried every second or two...
+    assert len(warned) <= 6  # ...warned at the 1st, 2nd, 4th, 8th, 16th, 32nd failure
