@@ -68,6 +68,10 @@ class AgentHub:
     def connected(self) -> frozenset[str]:
         return frozenset(self._sessions)
 
+    def count(self) -> int:
+        """How many agents are connected (O(1), unlike ``connected``)."""
+        return len(self._sessions)
+
     async def call(self, node: str, command: AgentCommand, timeout: float) -> CommandOutcome:
         """Send ``command`` to the node's agent and wait for its outcome.
 

@@ -351,7 +351,7 @@ class Fleet:
         the configured sample interval, or longer when the fleet's agents at
         that interval would send more than ``max_reports_per_second`` — the
         controller slows its agents down rather than buffer without bound."""
-        agents = len(self.agents.connected()) + 1
+        agents = self.agents.count() + 1
         interval = max(self.sample_interval, agents / self.max_reports_per_second)
         if interval > self.sample_interval and self.report_interval <= self.sample_interval:
             log.warning(
