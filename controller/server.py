@@ -484,6 +484,8 @@ class ControllerServer:
             await asyncio.gather(self._watchdog, return_exceptions=True)
             self._watchdog = None
         if self._server is not None:
+            if self.fleet is not None:
+                self.fleet.stopping = True  # the streams end now: no event for each
             await self._server.stop(grace)
             self._server = None
         if self.publisher is not None:

@@ -143,6 +143,7 @@ class Fleet:
         self._loops = BackgroundTasks()
         self._background = BackgroundTasks()
         self._schedule_queued = False
+        self.stopping = False  # set by the server before it ends the streams
 
     async def start(self) -> None:
         # Caps count what the rules took down before this controller started.
@@ -386,7 +387,10 @@ class Fleet:
         self._background.spawn(coro)
 
     async def agent_disconnected(self, session: AgentSession) -> None:
-        if self.agents.detach(session):
+        """Forget the agent's stream; record a ``node.agent`` event unless the
+        controller itself is stopping (then every stream ends at once, and
+        25,000 events would hold the shutdown up for a minute)."""
+        if self.agents.detach(session) and not self.stopping:
             log.info("node %s: agent disconnected", session.node)
             await self.nodes.agent_gone(session.node)
 
