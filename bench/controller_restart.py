@@ -54,10 +54,11 @@ registered again without the controller falling over.
 
 Run time on a 2-core machine shared with other work: building the default
 store 112 s (``--reuse DIR`` keeps it for the next run), restart and paging
-~45 s, the storm of 25,000 agents more than 10 minutes (the default
-``--storm-timeout`` is 900 s), SIGTERM up to 30 s. ``--agents 5000`` on the
-default store fits in about 5 minutes with ``--reuse``; ``--quick`` (2,500
-nodes, 10,000 events, 2,500 agents) takes about 1.5 minutes.
+~45 s, the storm of 25,000 agents about 7.5 minutes (``--storm-timeout``,
+900 s, bounds it), SIGTERM ~20 s: about 11 minutes, 9 with ``--reuse``.
+``--agents 5000`` on the default store takes about 3 minutes with
+``--reuse``; ``--quick`` (2,500 nodes, 10,000 events, 2,500 agents) about
+1.5 minutes.
 """
 
 from __future__ import annotations
