@@ -23,6 +23,7 @@ from controller.core.errors import (
     DuplicateKey,
     FailedPrecondition,
     InvalidArgument,
+    KilnError,
     NotFound,
 )
 from controller.core.eventlog import record
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 A = AllocationState
 LEVELS = {level.value for level in Level}
+FITS_KEPT = 1024  # specs whose could-it-ever-fit verdict is kept per inventory
 
 
 def validate_spec(spec: AllocationSpec) -> None:
@@ -173,6 +175,9 @@ class Allocations:
         self._topology: Topology | None = None
         self._topology_key: tuple[NodeSpec, ...] = ()
         self._generation = 0
+        # Whether a spec could ever fit, while the fleet's inventory is as it was.
+        self._fits: dict[AllocationSpec, KilnError | None] = {}
+        self._fits_inventory = -1
 
     async def get(self, ident: str) -> AllocationInfo:
         """By id or idempotency key. Raises NotFound."""
@@ -293,16 +298,29 @@ class Allocations:
             FailedPrecondition: it needs more than its queue may ever hold, or
                 can never fit the fleet.
         """
-        nodes = await self._nodes.records()
-        refusal = never_admitted(spec, nodes, self._queues)
+        view = await self._nodes.loaded()
+        if view.inventory_version != self._fits_inventory:
+            self._fits, self._fits_inventory = {}, view.inventory_version
+        if spec in self._fits:
+            refusal = self._fits[spec]
+        else:
+            refusal = self._never_fits(spec, view.all())
+            if len(self._fits) < FITS_KEPT:
+                self._fits[spec] = refusal
         if refusal is not None:
             raise refusal
+
+    def _never_fits(self, spec: AllocationSpec, nodes: Sequence[NodeRecord]) -> KilnError | None:
+        refusal = never_admitted(spec, nodes, self._queues)
+        if refusal is not None:
+            return refusal
         whole_fleet = Topology.build(node_spec(n, n.gpu_count > 0) for n in nodes)
         request = request_for("check", spec, submitted=0)
         request.validate()
         verdict = place(whole_fleet, Usage.from_bookings(whole_fleet, ()), request)
         if isinstance(verdict, NoFit) and not might_fit_once_inspected(spec, nodes):
-            raise FailedPrecondition(f"this request can never fit the fleet: {verdict.reason}")
+            return FailedPrecondition(f"this request can never fit the fleet: {verdict.reason}")
+        return None
 
     async def release(self, ident: str) -> AllocationInfo:
         """Give the allocation's nodes back (or cancel it while pending).
@@ -341,9 +359,10 @@ class Allocations:
     async def schedule_pass(self) -> None:
         """Admit what fits now, in queue order; note why the rest waits."""
         async with self._lock:
-            nodes, active, pending = await self._store.read(self._load_if_pending)
+            active, pending = await self._store.read(self._open_allocations)
             if not pending:
                 return
+            nodes = await self._nodes.records()
             topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in nodes)
             gpus = {n.name: n.gpu_count for n in nodes}
             usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
@@ -382,27 +401,11 @@ class Allocations:
         return waiting, rejected
 
     @staticmethod
-    def _load(
-        tx: Tx,
-    ) -> tuple[list[NodeRecord], list[AllocationRecord], list[AllocationRecord]]:
+    def _open_allocations(tx: Tx) -> tuple[list[AllocationRecord], list[AllocationRecord]]:
+        """The allocations holding nodes, and those waiting, in queue order."""
         allocs = tx.allocations.find(OPEN)
-        return (
-            tx.nodes.find(with_health=False),
-            [a for a in allocs if a.state in HOLDING],
-            [a for a in allocs if a.state == A.PENDING],
-        )
-
-    @staticmethod
-    def _load_if_pending(
-        tx: Tx,
-    ) -> tuple[list[NodeRecord], list[AllocationRecord], list[AllocationRecord]]:
-        """As ``_load``, but the fleet is not read when nothing waits to be placed."""
-        allocs = tx.allocations.find(OPEN)
-        pending = [a for a in allocs if a.state == A.PENDING]
-        if not pending:
-            return [], [], []
-        nodes = tx.nodes.find(with_health=False)
-        return nodes, [a for a in allocs if a.state in HOLDING], pending
+        holding = [a for a in allocs if a.state in HOLDING]
+        return holding, [a for a in allocs if a.state == A.PENDING]
 
     def _apply(
         self,
@@ -480,7 +483,8 @@ class Allocations:
         other booking, under the scheduling lock.
         """
         async with self._lock:
-            nodes, active, _ = await self._store.read(self._load)
+            active, _ = await self._store.read(self._open_allocations)
+            nodes = await self._nodes.records()
             holder = next((a for a in active if node in a.members), None)
             if holder is None:
                 return

@@ -146,6 +146,7 @@ class Fleet:
         self.stopping = False  # set by the server before it ends the streams
 
     async def start(self) -> None:
+        await self.nodes.loaded()  # the fleet in memory before the loops read it
         # Caps count what the rules took down before this controller started.
         await self.policies.restore()
         self.live.start()

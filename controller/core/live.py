@@ -70,6 +70,12 @@ class LiveHealth:
         self._latest[node] = HealthSample(node, health, at)
         self._dirty.add(node)
 
+    def seed(self, node: str, health: HealthReport | None, seen_at: float) -> None:
+        """What the store already holds for ``node`` (at start): kept, not
+        written again; a sample that came since wins."""
+        if node not in self._latest:
+            self._latest[node] = HealthSample(node, health, seen_at)
+
     def health(self, node: str) -> HealthReport | None:
         """The latest report held in memory (None: none since start)."""
         sample = self._latest.get(node)

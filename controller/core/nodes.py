@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -10,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from controller.core.agents import AgentHub
-from controller.core.errors import AlreadyExists, BmcError, InvalidArgument, KilnError
+from controller.core.errors import AlreadyExists, BmcError, InvalidArgument, KilnError, NotFound
 from controller.core.eventlog import record
 from controller.core.health import HealthReport
 from controller.core.kinds import EventKind
@@ -25,6 +26,7 @@ from controller.core.model import (
     RackInfo,
     short_gpu_model,
 )
+from controller.core.node_view import NodeView
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.records import NodeRecord
 from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
@@ -117,6 +119,36 @@ class Nodes:
         self._agents = agents
         self.live = live or LiveHealth(store)
         self._rack_of: dict[str, str] = {}  # nodes whose agents registered since start
+        # Reads come from memory once loaded (``controller/core/node_view.py``).
+        self.view = NodeView()
+        store.on_nodes_committed(self.view.committed)
+        self._loading = asyncio.Lock()
+
+    async def loaded(self) -> NodeView:
+        """The in-memory view of the fleet, read from the store on first use
+        (``Fleet.start`` does it; concurrent first callers share one read).
+        Stored health seeds ``live``."""
+        if self.view.ready:
+            return self.view
+        async with self._loading:
+            if not self.view.ready:
+                await self._load()
+        return self.view
+
+    async def _load(self) -> None:
+        self.view.begin_load()
+        t0 = time.monotonic()
+
+        def query(tx: Tx) -> tuple[list[NodeRecord], dict[str, list[GpuInfo]]]:
+            return tx.nodes.find(), tx.nodes.gpus_by_node()
+
+        records, gpus = await self._store.read(query)
+        for r in records:
+            if r.health is not None or r.agent_last_seen:
+                self.live.seed(r.name, r.health, r.agent_last_seen)
+            r.health = None
+        self.view.install(records, gpus)
+        log.info("%d nodes read into memory in %.2fs", len(records), time.monotonic() - t0)
 
     def latest_health(self, node: NodeRecord) -> HealthReport | None:
         """The node's latest report: in memory if one came since start, else stored."""
@@ -175,28 +207,26 @@ class Nodes:
 
     async def get(self, name: str) -> NodeInfo:
         """Raises NotFound for a node never enrolled."""
-
-        def query(tx: Tx) -> NodeInfo:
-            return self._info(load_node(tx, name), tx.nodes.gpus(name))
-
-        return await self._store.read(query)
+        view = await self.loaded()
+        node = view.get(name)
+        if node is None:
+            raise NotFound(kind="node", name=name)
+        return self._info(node, view.gpus(name))
 
     async def record(self, name: str) -> NodeRecord:
-        """The node's stored record. Raises NotFound."""
-        return await self._store.read(lambda tx: load_node(tx, name))
+        """The node's record as last committed (a copy: the caller may change
+        it). Raises NotFound."""
+        node = (await self.loaded()).get(name)
+        if node is None:
+            raise NotFound(kind="node", name=name)
+        return dataclasses.replace(node)
 
     async def query(self, *, rack: str = "", state: str = "") -> list[NodeInfo]:
         if state and state not in {s.value for s in NodeState}:
             raise InvalidArgument(f"unknown node state {state!r}")
-        wanted = NodeState(state) if state else None
-
-        def query(tx: Tx) -> list[NodeInfo]:
-            gpus = tx.nodes.gpus_by_node()
-            return [
-                self._info(n, gpus.get(n.name, [])) for n in tx.nodes.find(rack=rack, state=wanted)
-            ]
-
-        return await self._store.read(query)
+        view = await self.loaded()
+        found = view.in_states([NodeState(state)]) if state else view.all()
+        return [self._info(n, view.gpus(n.name)) for n in found if not rack or n.rack == rack]
 
     async def page(
         self,
@@ -209,31 +239,31 @@ class Nodes:
         allocation: str = "",
     ) -> list[NodeInfo]:
         """At most ``limit`` nodes named after ``after``, by name, of the
-        filters given; only their own GPU rows are read (the pages and their
-        tokens: ``controller.core.paging``)."""
-
-        def query(tx: Tx) -> list[NodeInfo]:
-            found = tx.nodes.page(
-                after, limit, rack=rack, state=state, gpu_model=gpu_model, allocation=allocation
-            )
-            gpus = tx.nodes.gpus_of([n.name for n in found])
-            return [self._info(n, gpus.get(n.name, [])) for n in found]
-
-        return await self._store.read(query)
+        filters given (the pages and their tokens: ``controller.core.paging``)."""
+        view = await self.loaded()
+        found: list[NodeInfo] = []
+        for n in view.after(after):
+            if len(found) >= limit:
+                break
+            if (
+                (not rack or n.rack == rack)
+                and (state is None or n.state == state)
+                and (not gpu_model or n.gpu_model == gpu_model)
+                and (not allocation or n.allocation_id == allocation)
+            ):
+                found.append(self._info(n, view.gpus(n.name)))
+        return found
 
     async def records_in(self, states: Sequence[NodeState]) -> list[NodeRecord]:
-        """The nodes in any of ``states`` (read by the state index), by name;
-        their stored health is not read (``latest_health`` has it)."""
-
-        def query(tx: Tx) -> list[NodeRecord]:
-            found = [n for state in states for n in tx.nodes.find(state=state, with_health=False)]
-            return sorted(found, key=lambda n: n.name)
-
-        return await self._store.read(query)
+        """The nodes in any of ``states`` (by the view's state index), by name,
+        without health (``latest_health`` has it). Shared with the view: the
+        caller must not change them."""
+        return (await self.loaded()).in_states(states)
 
     async def records(self) -> list[NodeRecord]:
-        """Every node, by name, without its stored health (``latest_health``)."""
-        return await self._store.read(lambda tx: tx.nodes.find(with_health=False))
+        """Every node, by name, without health (``latest_health`` has it).
+        Shared with the view: the caller must not change them."""
+        return (await self.loaded()).all()
 
     async def targets(self, nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
         """How to reach each node's BMC (passwords unsealed by the store)."""
@@ -569,7 +599,7 @@ class Nodes:
         """
         rack = self._rack_of.get(name)
         if rack is None:  # no registration seen since start: ask the store once
-            node = await self._store.read(lambda tx: tx.nodes.get(name))
+            node = (await self.loaded()).get(name)
             if node is None:
                 return None
             rack = self._rack_of[name] = node.rack

@@ -21,6 +21,7 @@ from controller.core.health import HealthReport, HealthSample
 from controller.core.identity import TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo
+from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState
 
@@ -228,6 +229,11 @@ class Store(Protocol):
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the event loop) after every commit that recorded events."""
+        ...
+
+    def on_nodes_committed(self, listener: Callable[[NodeChanges], None]) -> None:
+        """Call ``listener`` (on the event loop) with what each commit saved
+        of nodes, in commit order, before the committing caller resumes."""
         ...
 
     def close(self) -> None: ...

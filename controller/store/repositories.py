@@ -21,6 +21,7 @@ from controller.core.health import GpuHealth, HealthReport, HealthSample
 from controller.core.identity import Role, TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo
+from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState, PowerState
 from controller.store.models import AllocationRow, EventRow, GpuRow, NodeRow, TokenRow
@@ -183,6 +184,17 @@ class SqlNodes:
     def __init__(self, session: Session, secrets: SecretBox) -> None:
         self._session = session
         self._secrets = secrets
+        # What this transaction saved, for the in-memory view once it commits
+        # (``controller.core.node_view``): each record as of its last save.
+        self._saved: dict[str, NodeRecord] = {}
+        self._gpus_set: dict[str, tuple[GpuInfo, ...]] = {}
+
+    def changes(self) -> NodeChanges:
+        return NodeChanges(saved=self._saved, gpus=self._gpus_set)
+
+    def _keep(self, node: NodeRecord) -> None:
+        # Health is not the view's: the latest lives in memory (core/live.py).
+        self._saved[node.name] = dataclasses.replace(node, health=None)
 
     def _row(self, name: str) -> NodeRow | None:
         return self._session.get(NodeRow, name)
@@ -239,6 +251,7 @@ class SqlNodes:
         row.bmc_password = self._secrets.seal(bmc_password)
         self._session.add(row)
         self._session.flush()
+        self._keep(node)
 
     def set_credentials(self, node: NodeRecord, username: str, bmc_password: str) -> None:
         node.bmc_username = username
@@ -253,6 +266,7 @@ class SqlNodes:
             raise KeyError(f"node {node.name!r} was never added")
         _copy_node(node, row)
         self._session.add(row)
+        self._keep(node)
 
     def save_health(self, name: str, health: HealthReport, seen_at: float) -> NodeRecord | None:
         row = self._row(name)
@@ -316,10 +330,15 @@ class SqlNodes:
         return dict(by_node)
 
     def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:
-        for old in self._session.exec(select(GpuRow).where(GpuRow.node == name)):
-            self._session.delete(old)
+        old = list(self._session.exec(select(GpuRow).where(GpuRow.node == name)))
+        inventory = tuple(sorted(gpus, key=lambda g: g.index))
+        self._gpus_set[name] = inventory
+        if sorted((gpu_info(r) for r in old), key=lambda g: g.index) == list(inventory):
+            return  # the same GPUs again (an agent reconnecting): nothing to write
+        for row in old:
+            self._session.delete(row)
         self._session.flush()
-        for g in gpus:  # GpuInfo and GpuRow share their field names
+        for g in inventory:  # GpuInfo and GpuRow share their field names
             self._session.add(GpuRow(node=name, **dataclasses.asdict(g)))
 
 

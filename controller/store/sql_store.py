@@ -30,6 +30,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlmodel import Session
 
 from controller.core.errors import DuplicateKey, KilnError, Unavailable
+from controller.core.node_view import NodeChanges
 from controller.store.repositories import SqlAllocations, SqlEvents, SqlNodes, SqlTokens
 from controller.store.secrets import SecretBox
 
@@ -45,6 +46,7 @@ class _Outcome:
     result: Any = None
     events: int = 0
     error: BaseException | None = None
+    nodes: NodeChanges | None = None
 
 
 class StoreFailed(KilnError):
@@ -127,6 +129,7 @@ class SqlStore:
             max_workers=READ_THREADS, thread_name_prefix="kiln-db-read"
         )
         self._listeners: list[Callable[[], None]] = []
+        self._node_listeners: list[Callable[[NodeChanges], None]] = []
         self._queued: list[tuple[Callable[[SqlTx], Any], asyncio.Future[_Outcome]]] = []
         self._drainer: asyncio.Task[None] | None = None
         self.groups = 0  # group commits so far (more than one unit of work)
@@ -134,7 +137,10 @@ class SqlStore:
     def on_commit(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
 
-    def _run(self, fn: Callable[[SqlTx], T], *, write: bool) -> tuple[T, int]:
+    def on_nodes_committed(self, listener: Callable[[NodeChanges], None]) -> None:
+        self._node_listeners.append(listener)
+
+    def _run(self, fn: Callable[[SqlTx], T], *, write: bool) -> tuple[T, int, NodeChanges]:
         with Session(self.engine, expire_on_commit=False) as session:
             tx = SqlTx(session, self._secrets)
             try:
@@ -150,14 +156,14 @@ class SqlStore:
             except (SQLAlchemyError, OverflowError) as e:  # sqlite3 raises OverflowError
                 session.rollback()  # unwrapped for an integer past 64 bits
                 raise _store_error(e) from e
-            return result, tx.events.added
+            return result, tx.events.added, tx.nodes.changes()
 
     def _alone(self, fn: Callable[[SqlTx], Any]) -> _Outcome:
         try:
-            result, events = self._run(fn, write=True)
+            result, events, nodes = self._run(fn, write=True)
         except Exception as e:
             return _Outcome(error=e)
-        return _Outcome(result, events)
+        return _Outcome(result, events, nodes=nodes)
 
     def _run_group(self, fns: list[Callable[[SqlTx], Any]]) -> list[_Outcome]:
         """Run ``fns`` in order in one transaction; on any failure, each alone."""
@@ -170,7 +176,7 @@ class SqlStore:
                     tx = SqlTx(session, self._secrets)
                     result = fn(tx)
                     session.flush()  # a constraint fails here, at its own unit
-                    outcomes.append(_Outcome(result, tx.events.added))
+                    outcomes.append(_Outcome(result, tx.events.added, nodes=tx.nodes.changes()))
                 session.commit()
             except Exception:
                 session.rollback()
@@ -192,6 +198,10 @@ class SqlStore:
                         future.set_exception(StoreUnavailable() if isinstance(e, Exception) else e)
                 raise
             for (_, future), outcome in zip(group, outcomes, strict=True):
+                # The view first, in commit order: the caller reads its own write.
+                if outcome.nodes:
+                    for listener in self._node_listeners:
+                        listener(outcome.nodes)
                 if not future.done():
                     future.set_result(outcome)
 
@@ -211,7 +221,9 @@ class SqlStore:
 
     async def read(self, fn: Callable[[SqlTx], T]) -> T:
         loop = asyncio.get_running_loop()
-        result, _ = await loop.run_in_executor(self._read_pool, lambda: self._run(fn, write=False))
+        result, _, _ = await loop.run_in_executor(
+            self._read_pool, lambda: self._run(fn, write=False)
+        )
         return result
 
     def close(self) -> None:

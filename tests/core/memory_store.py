@@ -19,6 +19,7 @@ from controller.core.health import HealthReport, HealthSample
 from controller.core.identity import TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo
+from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState
 
@@ -38,6 +39,11 @@ class _State:
 class MemoryNodes:
     def __init__(self, state: _State) -> None:
         self._s = state
+        self.saved: dict[str, NodeRecord] = {}  # for the view, as the SQL store tells it
+        self.gpus_set: dict[str, tuple[GpuInfo, ...]] = {}
+
+    def _keep(self, node: NodeRecord) -> None:
+        self.saved[node.name] = replace(copy.deepcopy(node), health=None)
 
     def get(self, name: str) -> NodeRecord | None:
         node = self._s.nodes.get(name)
@@ -86,6 +92,7 @@ class MemoryNodes:
             raise DuplicateKey(f"node {node.name} exists")
         self._s.nodes[node.name] = copy.deepcopy(node)
         self._s.passwords[node.name] = bmc_password
+        self._keep(node)
 
     def save(self, node: NodeRecord) -> None:
         if node.name not in self._s.nodes:
@@ -93,6 +100,7 @@ class MemoryNodes:
         saved = copy.deepcopy(node)
         saved.health = self._s.nodes[node.name].health  # health has writers of its own
         self._s.nodes[node.name] = saved
+        self._keep(node)
 
     def set_credentials(self, node: NodeRecord, username: str, bmc_password: str) -> None:
         node.bmc_username = username
@@ -139,6 +147,7 @@ class MemoryNodes:
 
     def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:
         self._s.gpus[name] = sorted(gpus, key=lambda g: g.index)
+        self.gpus_set[name] = tuple(self._s.gpus[name])
 
 
 class MemoryAllocations:
@@ -277,7 +286,11 @@ class MemoryStore:
         self._state = _State()
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[], None]] = []
+        self._node_listeners: list[Callable[[NodeChanges], None]] = []
         self.transactions = 0
+
+    def on_nodes_committed(self, listener: Callable[[NodeChanges], None]) -> None:
+        self._node_listeners.append(listener)
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -289,6 +302,10 @@ class MemoryStore:
             result = fn(tx)
             self._state = work
             self.transactions += 1
+            changes = NodeChanges(saved=tx.nodes.saved, gpus=tx.nodes.gpus_set)
+            if changes:
+                for node_listener in self._node_listeners:
+                    node_listener(changes)
         if tx.events.added:
             for listener in self._listeners:
                 listener()
