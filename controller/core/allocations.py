@@ -178,6 +178,8 @@ class Allocations:
         # Whether a spec could ever fit, while the fleet's inventory is as it was.
         self._fits: dict[AllocationSpec, KilnError | None] = {}
         self._fits_inventory = -1
+        self._asked = 0  # schedule passes asked for, and covered by a finished pass
+        self._passed = 0
 
     async def get(self, ident: str) -> AllocationInfo:
         """By id or idempotency key. Raises NotFound."""
@@ -357,19 +359,33 @@ class Allocations:
         return await self.get(info.id)
 
     async def schedule_pass(self) -> None:
-        """Admit what fits now, in queue order; note why the rest waits."""
+        """Admit what fits now, in queue order; note why the rest waits.
+
+        Passes coalesce: a caller returns once a pass that began after it
+        asked has finished, so many concurrent requests share one pass
+        instead of queueing one pass each.
+        """
+        self._asked += 1
+        ticket = self._asked
         async with self._lock:
-            active, pending = await self._store.read(self._open_allocations)
-            if not pending:
-                return
-            nodes = await self._nodes.records()
-            topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in nodes)
-            gpus = {n.name: n.gpu_count for n in nodes}
-            usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
-            result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
-            specs = {p.id: p.spec for p in pending}
-            waiting, rejected = self._verdicts(result.waiting, result.rejected, specs, nodes)
-            await self._store.tx(lambda tx: self._apply(tx, result.admitted, waiting, rejected))
+            if self._passed >= ticket:
+                return  # a pass that began after this call asked has run
+            began = self._asked
+            await self._schedule()
+            self._passed = began
+
+    async def _schedule(self) -> None:
+        active, pending = await self._store.read(self._open_allocations)
+        if not pending:
+            return
+        nodes = await self._nodes.records()
+        topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in nodes)
+        gpus = {n.name: n.gpu_count for n in nodes}
+        usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
+        result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
+        specs = {p.id: p.spec for p in pending}
+        waiting, rejected = self._verdicts(result.waiting, result.rejected, specs, nodes)
+        await self._store.tx(lambda tx: self._apply(tx, result.admitted, waiting, rejected))
 
     def _verdicts(
         self,
@@ -382,7 +398,7 @@ class Allocations:
         nodes awaiting inspection might still make it fit (never when its
         queue could not admit it), and the waiting told of held-back nodes."""
         waiting, rejected = dict(waiting), dict(rejected)
-        uninspected = sum(1 for n in nodes if awaiting_inspection(n))
+        uninspected = rejected and sum(1 for n in nodes if awaiting_inspection(n))
         for ident, reason in list(rejected.items()):
             spec = specs[ident]
             if never_admitted(spec, nodes, self._queues) is None and might_fit_once_inspected(
@@ -390,7 +406,7 @@ class Allocations:
             ):
                 waiting[ident] = f"{reason} (yet: {uninspected} node(s) still being inspected)"
                 del rejected[ident]
-        held = sum(
+        held = waiting and sum(
             1
             for n in nodes
             if n.state == NodeState.READY and self._nodes.usable(n) and held_back(n)

@@ -7,6 +7,7 @@ small documents that are always read and written whole.
 
 from __future__ import annotations
 
+from sqlalchemy import Index
 from sqlmodel import Field, SQLModel
 
 
@@ -61,6 +62,8 @@ class GpuRow(SQLModel, table=True):
 
 class AllocationRow(SQLModel, table=True):
     __tablename__ = "allocations"
+    # Queue order: the next position (max) and ListAllocations pages.
+    __table_args__ = (Index("ix_allocations_submitted_id", "submitted", "id"),)
 
     id: str = Field(primary_key=True)
     key: str = Field(unique=True, index=True)
