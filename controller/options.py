@@ -241,6 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mqtt", type=host_port, default=None, help="HOST:PORT of the MQTT broker for events"
     )
+    p.add_argument(
+        "--http-listen",
+        type=host_port,
+        default=None,
+        help="HOST:PORT for the read-only HTTP port: Prometheus metrics at /metrics "
+        "(default: none)",
+    )
     mqtt = p.add_argument_group("MQTT broker", "how the controller signs in to --mqtt")
     mqtt.add_argument("--mqtt-username", default=None, help="broker user name")
     mqtt.add_argument(
@@ -365,6 +372,7 @@ def parse(argv: list[str] | None = None) -> Options:
         health_flush_interval=args.health_flush_interval,
         max_health_reports_per_second=args.max_health_reports_per_second,
         mqtt=args.mqtt,
+        http_listen=args.http_listen,
         mqtt_access=mqtt_access,
         power_sync_interval=args.power_sync_interval,
         bmc_call_timeout=args.bmc_call_timeout,

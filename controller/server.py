@@ -53,6 +53,8 @@ from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.events.broker import BrokerAccess
 from controller.events.publisher import MqttPublisher
+from controller.http_server import HttpServer
+from controller.metrics import ControllerMetrics
 from controller.placement import QueueConfig
 from controller.policies import RuleSet, load_rules_file
 from controller.store.active_lock import ActiveLock
@@ -189,6 +191,7 @@ class ControllerConfig:
     rules: RuleSet | None = field(default=None, repr=False)  # None: rules_file or defaults
     rules_file: Path | None = None
     mqtt: str | None = None  # HOST:PORT of the MQTT broker events go to
+    http_listen: str | None = None  # HOST:PORT of /metrics (None: not served)
     mqtt_access: BrokerAccess | None = None  # its credentials and TLS (None: anonymous, plain)
     power_sync_interval: float = 60.0
     agent_silent_after: float = 15.0  # then the BMC's thermal sensors feed the policies
@@ -218,6 +221,9 @@ class ControllerServer:
         self.store: SqlStore | None = None
         self.address = ""
         self.publisher: MqttPublisher | None = None
+        self.metrics = ControllerMetrics()
+        self.http: HttpServer | None = None
+        self.http_address = ""
         self.tls: ReloadableTls | None = None
         self._active: ActiveLock | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -319,6 +325,7 @@ class ControllerServer:
                 max_workers=cfg.bmc_workers,
                 call_timeout=cfg.bmc_call_timeout,
                 power_resend_after=cfg.bmc_power_resend_after,
+                meter=self.metrics.meter,
             ),
             power_timeout=cfg.bmc_power_timeout,
         )
@@ -338,6 +345,7 @@ class ControllerServer:
             bmc_thermal_interval=cfg.bmc_thermal_interval,
             health_flush_interval=cfg.health_flush_interval,
             max_reports_per_second=cfg.max_health_reports_per_second,
+            meter=self.metrics.meter,
         )
         if cfg.mqtt:
             host, _, port = cfg.mqtt.rpartition(":")
@@ -352,6 +360,8 @@ class ControllerServer:
             )
             self.store.on_commit(self.publisher.notify)
             self._publisher_task = asyncio.create_task(self.publisher.run(), name="kiln-mqtt")
+        if cfg.http_listen:
+            await self._serve_http(cfg.http_listen)
         if cfg.bootstrap_token_file is not None:
             await self._bootstrap(cfg.bootstrap_token_file)
         await self._serve_api()
@@ -473,9 +483,27 @@ class ControllerServer:
         )
         return True
 
+    async def _serve_http(self, listen: str) -> None:
+        """/metrics on ``listen``. Raises ListenError when it cannot be bound."""
+        assert self.fleet is not None and self.store is not None
+        self.metrics.watch(
+            self.fleet,
+            breakers=self._bmc.breaker_states if isinstance(self._bmc, PoolGateway) else None,
+            outbox=StoreOutbox(self.store).backlog if self.publisher is not None else None,
+        )
+        self.http = HttpServer(self.metrics)
+        try:
+            self.http_address = await self.http.start(listen)
+        except OSError as e:
+            self.http = None
+            raise ListenError(address=listen, reason=e.strerror or str(e)) from None
+
     async def stop(self, grace: float = 2.0) -> None:
         """Stop serving (in-flight calls get ``grace`` seconds), then the Fleet,
         the BMC pool and the store; safe to call after a failed or cancelled start."""
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         if self._health is not None:
             await self._health.enter_graceful_shutdown()  # health says NOT_SERVING
             self._health = None

@@ -11,6 +11,8 @@ command -v ipmi_sim >/dev/null || need_apt+=(openipmi)
 command -v ipmitool >/dev/null || need_apt+=(ipmitool)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 [ -e /usr/include/libvirt/libvirt.h ] || need_apt+=(libvirt-dev pkg-config)
+command -v gcc >/dev/null || need_apt+=(gcc python3-dev)  # libvirt-python builds from source
+command -v promtool >/dev/null || need_apt+=(prometheus)  # promtool checks the alert rules
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -q

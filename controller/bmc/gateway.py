@@ -42,6 +42,10 @@ class PoolGateway:
         self._power_resend_after = power_resend_after
         self._handles: dict[str, Bmc] = {}
 
+    def breaker_states(self) -> dict[str, int]:
+        """BMC endpoints' breakers by state (for metrics)."""
+        return self._pool.breaker_states()
+
     def canonical_url(self, url: str) -> str:
         """Validate a BMC URL and return its canonical form (no I/O).
 

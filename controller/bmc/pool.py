@@ -19,8 +19,16 @@ from dataclasses import dataclass
 from controller.bmc import registry
 from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
 from controller.bmc.handle import Bmc, Driver
-from controller.bmc.resilience import BmcGuard, CircuitBreaker, Clock, RetryPolicy, SystemClock
+from controller.bmc.resilience import (
+    BmcGuard,
+    BreakerState,
+    CircuitBreaker,
+    Clock,
+    RetryPolicy,
+    SystemClock,
+)
 from controller.bmc.workers import WorkerPool, WorkerStats
+from controller.core.meter import Meter
 
 LOG = logging.getLogger(__name__)
 
@@ -70,6 +78,7 @@ class BmcPool:
         close_timeout: float = 2.0,
         clock: Clock | None = None,
         seed: int | None = None,
+        meter: Meter | None = None,
     ) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be >= 1")
@@ -84,6 +93,7 @@ class BmcPool:
         self._breaker_threshold = breaker_threshold
         self._breaker_cooldown = breaker_cooldown
         self._clock = clock or SystemClock()
+        self._meter = meter
         self._rng = random.Random(seed)
         self._pools: dict[str, WorkerPool] = {}
         self._handles: dict[tuple[str, _Key], Bmc] = {}
@@ -135,6 +145,8 @@ class BmcPool:
                 clock=self._clock,
                 rng=random.Random(self._rng.random()),
                 max_in_flight=self._max_in_flight or entry.max_in_flight,
+                protocol=address.protocol,
+                meter=self._meter,
             )
             self._guards[key] = guard
         handle = Bmc(
@@ -161,6 +173,13 @@ class BmcPool:
     def worker_stats(self) -> dict[str, WorkerStats]:
         """Per protocol: threads, running and queued calls (for benchmarks, logs)."""
         return {protocol: pool.stats() for protocol, pool in self._pools.items()}
+
+    def breaker_states(self) -> dict[str, int]:
+        """How many BMC endpoints' breakers are in each state (for metrics)."""
+        counts = dict.fromkeys((s.value for s in BreakerState), 0)
+        for guard in self._guards.values():
+            counts[guard.breaker.state.value] += 1
+        return counts
 
     async def close(self) -> None:
         """Stop the worker pools and log out of BMCs; returns within about

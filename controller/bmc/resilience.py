@@ -51,6 +51,7 @@ from controller.bmc.types import BmcHealth
 from controller.bmc.workers import WorkerPoolClosed
 from controller.core.deadline import seconds_left as caller_seconds_left
 from controller.core.errors import BmcError, BmcTimeout, KilnError
+from controller.core.meter import Meter, NullMeter
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -222,11 +223,15 @@ class BmcGuard:
         rng: random.Random | None = None,
         max_in_flight: int = 2,
         stuck_grace: float = 0.5,
+        protocol: str = "",
+        meter: Meter | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.node = node
         self.host = host
+        self.protocol = protocol
+        self._meter: Meter = meter or NullMeter()
         self.call_timeout = call_timeout
         self.retry = retry or RetryPolicy()
         self.clock = clock or SystemClock()
@@ -278,6 +283,19 @@ class BmcGuard:
         return len(self._slots)
 
     async def call(
+        self, operation: str, fn: Callable[[], T], *, deadline: float | None = None
+    ) -> T:
+        """As ``_call`` (see there), measured: its time and whether it failed."""
+        started = time.monotonic()
+        ok = False
+        try:
+            result = await self._call(operation, fn, deadline=deadline)
+            ok = True
+            return result
+        finally:
+            self._meter.bmc_call(self.protocol, operation, time.monotonic() - started, ok)
+
+    async def _call(
         self, operation: str, fn: Callable[[], T], *, deadline: float | None = None
     ) -> T:
         """Run ``fn`` (blocking) in the executor with a hard deadline and retries.

@@ -28,6 +28,7 @@ from controller.core.errors import (
 )
 from controller.core.eventlog import record
 from controller.core.kinds import EventKind
+from controller.core.meter import Meter, NullMeter
 from controller.core.model import AllocationInfo, AllocationSpec
 from controller.core.nodes import Nodes, held_back, validate_name
 from controller.core.ports import Store, Tx
@@ -167,8 +168,16 @@ def allocation_info(alloc: AllocationRecord) -> AllocationInfo:
 
 
 class Allocations:
-    def __init__(self, store: Store, nodes: Nodes, *, queues: Sequence[QueueConfig] = ()) -> None:
+    def __init__(
+        self,
+        store: Store,
+        nodes: Nodes,
+        *,
+        queues: Sequence[QueueConfig] = (),
+        meter: Meter | None = None,
+    ) -> None:
         self._store = store
+        self._meter: Meter = meter or NullMeter()
         self._nodes = nodes
         self._queues = tuple(queues)
         self._lock = asyncio.Lock()
@@ -375,6 +384,7 @@ class Allocations:
             self._passed = began
 
     async def _schedule(self) -> None:
+        started = time.monotonic()
         active, pending = await self._store.read(self._open_allocations)
         if not pending:
             return
@@ -385,7 +395,10 @@ class Allocations:
         result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
         specs = {p.id: p.spec for p in pending}
         waiting, rejected = self._verdicts(result.waiting, result.rejected, specs, nodes)
-        await self._store.tx(lambda tx: self._apply(tx, result.admitted, waiting, rejected))
+        waits = await self._store.tx(lambda tx: self._apply(tx, result.admitted, waiting, rejected))
+        self._meter.placement(time.monotonic() - started)
+        for waited in waits:
+            self._meter.admitted(waited)
 
     def _verdicts(
         self,
@@ -429,8 +442,11 @@ class Allocations:
         admitted: dict[str, Placement],
         waiting: dict[str, str],
         rejected: dict[str, str],
-    ) -> None:
+    ) -> list[float]:
+        """Book what was admitted and note the verdicts; returns how long
+        each admitted allocation waited."""
         now = time.time()
+        waits = []
         for ident, placement in admitted.items():
             alloc = tx.allocations.get(ident)
             if alloc is None or alloc.state != A.PENDING:
@@ -472,6 +488,7 @@ class Allocations:
                 **extra,
             )
             tx.allocations.save(alloc)
+            waits.append(max(0.0, now - alloc.created_at))
             log.info("allocation %s: %s on %s", ident, alloc.state, ",".join(placement.nodes))
         for ident, reason in waiting.items():
             alloc = tx.allocations.get(ident)
@@ -488,6 +505,7 @@ class Allocations:
                 alloc.updated_at = now
                 tx.allocations.save(alloc)
                 record(tx, EventKind.ALLOCATION_FAILED, allocation=ident, reason=reason)
+        return waits
 
     async def node_failed(self, node: str, reason: str) -> None:
         """Take a failed node out of its allocation and replace it.

@@ -23,6 +23,7 @@ from controller.core.health_policy import PolicyRunner
 from controller.core.identity import SYSTEM, Caller, Role, TokenInfo
 from controller.core.lifecycle import Lifecycle
 from controller.core.live import DEFAULT_FLUSH_INTERVAL, LiveHealth
+from controller.core.meter import Meter, NullMeter
 from controller.core.model import (
     AgentCommand,
     AllocationInfo,
@@ -98,15 +99,17 @@ class Fleet:
         bmc_thermal_interval: float = 10.0,
         health_flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         max_reports_per_second: float = DEFAULT_MAX_REPORTS_PER_SECOND,
+        meter: Meter | None = None,
     ) -> None:
         self.store = store
+        self.meter: Meter = meter or NullMeter()
         self.bmc = bmc
         self.profiles = profiles or ProfileCatalog()
         self.agents = AgentHub()
         self.events = EventLog(store)
         self.live = LiveHealth(store, flush_interval=health_flush_interval)
         self.nodes = Nodes(store, bmc, self.agents, self.live)
-        self.allocations = Allocations(store, self.nodes, queues=queues)
+        self.allocations = Allocations(store, self.nodes, queues=queues, meter=self.meter)
         self.lifecycle = Lifecycle(
             store,
             self.nodes,
@@ -127,6 +130,7 @@ class Fleet:
             self.allocations.node_failed,
             silent_after=agent_silent_after,
             bmc_sample_interval=bmc_thermal_interval,
+            meter=self.meter,
         )
         self.power_sync = PowerSync(
             store,
@@ -134,6 +138,7 @@ class Fleet:
             bmc,
             interval=power_sync_interval,
             on_change=self.allocations.schedule_pass,  # a BMC answering again frees a node
+            meter=self.meter,
         )
         self.tokens = Tokens(store)
         self.audit = AuditLog(store)
@@ -397,6 +402,7 @@ class Fleet:
 
     async def agent_health(self, node: str, health: HealthReport) -> None:
         rack = await self.nodes.agent_health(node, health)
+        self.meter.health_report()
         if rack is not None:
             await self.policies.observe(node, rack, health)
 

@@ -28,6 +28,7 @@ from controller.core.errors import KilnError
 from controller.core.eventlog import record
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.kinds import EventKind
+from controller.core.meter import Meter, NullMeter
 from controller.core.model import EventInfo
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
@@ -102,6 +103,13 @@ def sample_from_report(node: str, rack: str, at: float, health: HealthReport) ->
     )
 
 
+def _outcome(action: Action) -> str:
+    """How an action that did not fail ended, for the metrics."""
+    if action.executable:
+        return "executed"
+    return "dry_run" if action.dry_run else "capped"
+
+
 class PolicyRunner:
     """Feeds the engine and executes what it decides, one action at a time.
 
@@ -124,8 +132,10 @@ class PolicyRunner:
         silent_after: float = 15.0,
         bmc_sample_interval: float = 10.0,
         clock: Callable[[], float] = time.time,
+        meter: Meter | None = None,
     ) -> None:
         self._store = store
+        self._meter: Meter = meter or NullMeter()
         self._nodes = nodes
         self._agents = agents
         self._bmc = bmc
@@ -239,7 +249,9 @@ class PolicyRunner:
             async with self._node_locks[node]:
                 try:
                     await self._one(action)
+                    self._meter.policy_action(action.rule, action.kind.value, _outcome(action))
                 except KilnError as e:
+                    self._meter.policy_action(action.rule, action.kind.value, "failed")
                     log.warning(
                         "node %s: policy %s action %s failed: %s",
                         action.node,

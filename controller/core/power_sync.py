@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from controller.core.eventlog import record
 from controller.core.kinds import EventKind
+from controller.core.meter import Meter, NullMeter
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.records import NodeRecord
@@ -77,8 +78,10 @@ class PowerSync:
         interval: float = 60.0,
         concurrency: int = 256,
         on_change: Callable[[], Awaitable[None]] | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self._store = store
+        self._meter: Meter = meter or NullMeter()
         self._on_change = on_change
         self.rows_written = 0  # by the last pass
         self._nodes = nodes
@@ -104,6 +107,7 @@ class PowerSync:
         drifted, written = await self._store.tx(lambda tx: self._apply(tx, polled))
         self.last_pass_seconds = time.monotonic() - started
         self.rows_written = written
+        self._meter.power_sync_pass(self.last_pass_seconds, written)
         log.info(
             "power sync: %d BMCs in %.1fs, %d changed, %d not as expected",
             len(nodes),

@@ -35,6 +35,10 @@ class StoreOutbox:
 
         return await self._store.read(query)
 
+    async def backlog(self) -> tuple[int, float | None]:
+        """Events not yet published: how many, and the oldest one's time."""
+        return await self._store.read(lambda tx: tx.events.backlog())
+
     async def mark_published(self, seqs: Sequence[int]) -> None:
         if not seqs:
             return

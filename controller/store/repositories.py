@@ -448,6 +448,13 @@ class SqlEvents:
         found.reverse()
         return found
 
+    def backlog(self) -> tuple[int, float | None]:
+        """Unpublished events: how many, and when the oldest was recorded."""
+        pending = col(EventRow.published).is_(False)
+        count = self._session.exec(select(func.count()).select_from(EventRow).where(pending)).one()
+        oldest = self._session.exec(select(func.min(EventRow.at)).where(pending)).one()
+        return int(count or 0), (float(oldest) if oldest is not None else None)
+
     def unpublished(self, limit: int) -> list[EventRow]:
         stmt = (
             select(EventRow)

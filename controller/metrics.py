@@ -1,0 +1,228 @@
+"""The controller's Prometheus metrics (``/metrics`` on ``--http-listen``).
+
+Two kinds of series, on one private registry per controller (no global
+state: several controllers may run in one process):
+
+- what the core and the BMC layer count as they work, through the core's
+  ``Meter`` port (``PrometheusMeter``): scheduling passes, admissions,
+  policy actions, health reports, power-sync passes, BMC calls;
+- what is true now, read when Prometheus scrapes (``FleetGauges.refresh``):
+  nodes by state and rack, agents connected, open allocations by state and
+  queue and how long the oldest has waited, BMC breakers by state, the
+  events outbox, the interval agents are told to report at.
+
+The names and what each means are in ``docs/monitoring/README.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Awaitable, Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from controller.core.fleet import Fleet
+from controller.core.states import OPEN, AllocationState, NodeState
+
+# Seconds: from a BMC answering a read (~50 ms) to a power change (minutes).
+BMC_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+PLACEMENT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+WAIT_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
+PASS_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class PrometheusMeter:
+    """The core's ``Meter`` port as Prometheus counters and histograms."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.placement_seconds = Histogram(
+            "kiln_placement_seconds",
+            "One scheduling pass: read, place, book.",
+            buckets=PLACEMENT_BUCKETS,
+            registry=registry,
+        )
+        self.wait_seconds = Histogram(
+            "kiln_allocation_wait_seconds",
+            "Time from an allocation's request to its admission.",
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.policy_actions = Counter(
+            "kiln_policy_actions",
+            "Health policy actions by rule, action and outcome "
+            "(executed, dry_run, capped, failed).",
+            ("rule", "action", "outcome"),
+            registry=registry,
+        )
+        self.health_reports = Counter(
+            "kiln_health_reports", "Agent health reports taken in.", registry=registry
+        )
+        self.power_sync_seconds = Histogram(
+            "kiln_power_sync_pass_seconds",
+            "One power-sync pass over every BMC.",
+            buckets=PASS_BUCKETS,
+            registry=registry,
+        )
+        self.power_sync_rows = Gauge(
+            "kiln_power_sync_rows_written",
+            "Nodes whose power or BMC health the last power-sync pass changed.",
+            registry=registry,
+        )
+        self.bmc_seconds = Histogram(
+            "kiln_bmc_call_seconds",
+            "BMC calls (with their retries) by protocol and operation.",
+            ("protocol", "operation"),
+            buckets=BMC_BUCKETS,
+            registry=registry,
+        )
+        self.bmc_failures = Counter(
+            "kiln_bmc_call_failures",
+            "BMC calls that failed after their retries, by protocol and operation.",
+            ("protocol", "operation"),
+            registry=registry,
+        )
+
+    def placement(self, seconds: float) -> None:
+        self.placement_seconds.observe(seconds)
+
+    def admitted(self, waited_seconds: float) -> None:
+        self.wait_seconds.observe(waited_seconds)
+
+    def policy_action(self, rule: str, action: str, outcome: str) -> None:
+        self.policy_actions.labels(rule, action, outcome).inc()
+
+    def health_report(self) -> None:
+        self.health_reports.inc()
+
+    def power_sync_pass(self, seconds: float, rows_written: int) -> None:
+        self.power_sync_seconds.observe(seconds)
+        self.power_sync_rows.set(rows_written)
+
+    def bmc_call(self, protocol: str, operation: str, seconds: float, ok: bool) -> None:
+        self.bmc_seconds.labels(protocol or "unknown", operation).observe(seconds)
+        if not ok:
+            self.bmc_failures.labels(protocol or "unknown", operation).inc()
+
+
+class FleetGauges:
+    """The series that say what is true now, refreshed at each scrape."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        fleet: Fleet,
+        *,
+        breakers: Callable[[], Mapping[str, int]] | None = None,
+        outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._fleet = fleet
+        self._breakers = breakers
+        self._outbox = outbox
+        self._clock = clock
+        self.nodes = Gauge(
+            "kiln_nodes", "Nodes by lifecycle state and rack.", ("state", "rack"), registry=registry
+        )
+        self.agents = Gauge(
+            "kiln_agents_connected", "Agents with an open stream.", registry=registry
+        )
+        self.allocations = Gauge(
+            "kiln_allocations",
+            "Open allocations by state and queue.",
+            ("state", "queue"),
+            registry=registry,
+        )
+        self.oldest_pending = Gauge(
+            "kiln_allocation_oldest_pending_seconds",
+            "How long the oldest pending allocation of each queue has waited.",
+            ("queue",),
+            registry=registry,
+        )
+        self.breaker_states = Gauge(
+            "kiln_bmc_breakers", "BMC circuit breakers by state.", ("state",), registry=registry
+        )
+        self.outbox_pending = Gauge(
+            "kiln_events_outbox_pending",
+            "Events recorded but not yet published to MQTT.",
+            registry=registry,
+        )
+        self.outbox_lag = Gauge(
+            "kiln_events_outbox_lag_seconds",
+            "Age of the oldest event not yet published to MQTT (0: none waiting).",
+            registry=registry,
+        )
+        self.report_interval = Gauge(
+            "kiln_agent_report_interval_seconds",
+            "The report interval agents are told now; above --sample-interval when "
+            "the controller slows agents down (--max-health-reports-per-second).",
+            registry=registry,
+        )
+        self.write_behind = Gauge(
+            "kiln_health_write_behind_pending",
+            "Health samples held in memory and not yet written to the database.",
+            registry=registry,
+        )
+
+    async def refresh(self) -> None:
+        fleet = self._fleet
+        now = self._clock()
+        by_state_rack: Tally[tuple[str, str]] = Tally()
+        for node in await fleet.nodes.records():
+            by_state_rack[(node.state.value, node.rack)] += 1
+        self.nodes.clear()
+        for node_state in NodeState:  # every state present, zero included
+            self.nodes.labels(node_state.value, "")
+        for (state, rack), count in by_state_rack.items():
+            self.nodes.labels(state, rack).set(count)
+        self.agents.set(fleet.agents.count())
+        allocations = await fleet.allocations.query()
+        counts: Tally[tuple[str, str]] = Tally()
+        oldest: dict[str, float] = {}
+        for a in allocations:
+            queue = a.spec.queue or "default"
+            counts[(a.state.value, queue)] += 1
+            if a.state == AllocationState.PENDING:
+                oldest[queue] = max(oldest.get(queue, 0.0), now - a.created_at)
+        self.allocations.clear()
+        for open_state in OPEN:
+            self.allocations.labels(open_state.value, "default")
+        for (state, queue), count in counts.items():
+            self.allocations.labels(state, queue).set(count)
+        self.oldest_pending.clear()
+        self.oldest_pending.labels("default")
+        for queue, seconds in oldest.items():
+            self.oldest_pending.labels(queue).set(seconds)
+        if self._breakers is not None:
+            for state, count in self._breakers().items():
+                self.breaker_states.labels(state).set(count)
+        if self._outbox is not None:
+            pending, oldest_at = await self._outbox()
+            self.outbox_pending.set(pending)
+            self.outbox_lag.set(max(0.0, now - oldest_at) if oldest_at is not None else 0.0)
+        self.report_interval.set(fleet.agent_sample_interval())
+        self.write_behind.set(fleet.live.pending)
+
+
+class ControllerMetrics:
+    """The registry, the meter the core counts through, and the gauges."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.meter = PrometheusMeter(self.registry)
+        self.gauges: FleetGauges | None = None
+
+    def watch(
+        self,
+        fleet: Fleet,
+        *,
+        breakers: Callable[[], Mapping[str, int]] | None = None,
+        outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
+    ) -> None:
+        self.gauges = FleetGauges(self.registry, fleet, breakers=breakers, outbox=outbox)
+
+    async def exposition(self) -> bytes:
+        """The text format Prometheus scrapes, gauges refreshed first."""
+        if self.gauges is not None:
+            await self.gauges.refresh()
+        return generate_latest(self.registry)
