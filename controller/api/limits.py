@@ -132,14 +132,97 @@ def _sized(field: FieldDescriptor) -> bool:
     return field.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES)
 
 
-def _check_value(field: FieldDescriptor, path: str, value: Any) -> None:
-    if field.type == FieldDescriptor.TYPE_MESSAGE:
-        check(value, path=path)
-    elif _sized(field):
-        limit = limit_for(field, item=field.is_repeated)
-        if len(value) > limit:
-            unit = "characters" if field.type == FieldDescriptor.TYPE_STRING else "bytes"
-            raise FieldTooLarge(field=path, limit=limit, unit=unit, size=len(value))
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How one field is checked, decided once per field descriptor."""
+
+    items: int | None  # a repeated field's most items (None: not repeated)
+    length: int | None  # a string's characters or bytes' bytes (each item's, if repeated)
+    unit: str
+    message: bool  # a message (or a repeated one): checked field by field
+    map_entry: FieldDescriptor | None  # a map: its entry type's key and value fields
+
+
+def _plan_for(field: FieldDescriptor) -> _Plan:
+    sized = _sized(field)
+    return _Plan(
+        items=limit_for(field) if field.is_repeated else None,
+        length=limit_for(field, item=field.is_repeated) if sized else None,
+        unit="characters" if field.type == FieldDescriptor.TYPE_STRING else "bytes",
+        message=field.type == FieldDescriptor.TYPE_MESSAGE and not _is_map(field),
+        map_entry=field.message_type if _is_map(field) else None,
+    )
+
+
+class _Over(Exception):
+    """Raised deep in a message and given its path on the way out."""
+
+    def __init__(self, segment: str, limit: int, unit: str, size: int) -> None:
+        self.segments = [segment]
+        self.limit, self.unit, self.size = limit, unit, size
+
+
+class Checker:
+    """``check`` with each field's plan worked out once (a report stream
+    sends thousands of messages a second, each with ~250 set fields)."""
+
+    def __init__(self) -> None:
+        self._plans: dict[FieldDescriptor, _Plan] = {}
+
+    def check(self, message: Message, *, path: str = "") -> None:
+        """As ``check``: raises FieldTooLarge naming the field's path."""
+        try:
+            self._walk(message)
+        except _Over as e:
+            here = ".".join([path or message.DESCRIPTOR.name, *reversed(e.segments)])
+            raise FieldTooLarge(field=here, limit=e.limit, unit=e.unit, size=e.size) from None
+
+    def _walk(self, message: Message) -> None:
+        plans = self._plans
+        for field, value in message.ListFields():
+            plan = plans.get(field)
+            if plan is None:
+                plan = plans[field] = _plan_for(field)
+            try:
+                self._field(plan, value)
+            except _Over as e:
+                e.segments[-1] = field.name + e.segments[-1]
+                raise
+
+    def _field(self, plan: _Plan, value: Any) -> None:
+        # Raises _Over with a segment that the caller prefixes with the field's name.
+        if plan.items is not None:
+            if len(value) > plan.items:
+                raise _Over("", plan.items, "items", len(value))
+            if plan.map_entry is not None:
+                key_field = plan.map_entry.fields_by_name["key"]
+                value_field = plan.map_entry.fields_by_name["value"]
+                for key in value:
+                    for f, v in ((key_field, key), (value_field, value[key])):
+                        try:
+                            self._field(_plan_for(f), v)
+                        except _Over as e:
+                            e.segments[-1] = "[]" + e.segments[-1]
+                            raise
+            elif plan.message or plan.length is not None:
+                for i, item in enumerate(value):
+                    try:
+                        self._one(plan, item)
+                    except _Over as e:
+                        e.segments[-1] = f"[{i}]" + e.segments[-1]
+                        raise
+        else:
+            self._one(plan, value)
+
+    def _one(self, plan: _Plan, value: Any) -> None:
+        if plan.message:
+            try:
+                self._walk(value)
+            except _Over as e:
+                e.segments.append("")  # the nested path continues after a dot
+                raise
+        elif plan.length is not None and len(value) > plan.length:
+            raise _Over("", plan.length, plan.unit, len(value))
 
 
 def check(message: Message, *, path: str = "") -> None:
@@ -149,23 +232,7 @@ def check(message: Message, *, path: str = "") -> None:
     Raises FieldTooLarge (InvalidArgument) naming the first such field by its
     path (``Register.gpus[3].model``) and its limit; never the value.
     """
-    path = path or message.DESCRIPTOR.name
-    for field, value in message.ListFields():
-        here = f"{path}.{field.name}"
-        if field.is_repeated:
-            limit = limit_for(field)
-            if len(value) > limit:
-                raise FieldTooLarge(field=here, limit=limit, unit="items", size=len(value))
-            if _is_map(field):
-                for key in value:  # a map: keys and values are checked as its entry's fields
-                    entry = field.message_type
-                    _check_value(entry.fields_by_name["key"], f"{here}[]", key)
-                    _check_value(entry.fields_by_name["value"], f"{here}[]", value[key])
-            elif field.type == FieldDescriptor.TYPE_MESSAGE or _sized(field):
-                for i, item in enumerate(value):
-                    _check_value(field, f"{here}[{i}]", item)
-        else:
-            _check_value(field, here, value)
+    Checker().check(message, path=path)
 
 
 # -- malformed messages -------------------------------------------------------------
@@ -192,18 +259,18 @@ def _tolerant(deserialize: Callable[[bytes], Any], type_name: str) -> Callable[[
     return parse
 
 
-def _checked(request: Any) -> Any:
+def _checked(checker: Checker, request: Any) -> Any:
     """The request, once it is well formed and within every size limit."""
     if isinstance(request, Malformed):
         raise MalformedMessage(type_name=request.type_name)
     if isinstance(request, Message):  # not the raw bytes a refusing handler takes
-        check(request)
+        checker.check(request)
     return request
 
 
-async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _checked_stream(checker: Checker, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
     async for request in requests:
-        yield _checked(request)
+        yield _checked(checker, request)
 
 
 # -- per-client rate and streams ------------------------------------------------------
@@ -318,6 +385,7 @@ class RequestLimits(grpc.aio.ServerInterceptor):
     ) -> None:
         self.buckets = TokenBuckets(rate, burst if burst is not None else 2 * rate, clock=clock)
         self.streams = StreamSlots(max_streams)
+        self.checker = Checker()
 
     async def intercept_service(
         self,
@@ -385,7 +453,7 @@ class RequestLimits(grpc.aio.ServerInterceptor):
             try:
                 # Work for this call (BMC retries) ends in time to answer.
                 with caller_deadline(context.time_remaining()):
-                    return await inner(_checked(request), context)
+                    return await inner(_checked(self.checker, request), context)
             except Exception as e:
                 await _refuse(context, e, name)
 
@@ -395,7 +463,7 @@ class RequestLimits(grpc.aio.ServerInterceptor):
         async def behaviour(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
             await self._admit(context, limited)
             try:
-                return await inner(_checked_stream(requests), context)
+                return await inner(_checked_stream(self.checker, requests), context)
             except Exception as e:
                 await _refuse(context, e, name)
 
@@ -404,7 +472,7 @@ class RequestLimits(grpc.aio.ServerInterceptor):
     def _unary_stream(self, inner: Behaviour, name: str, limited: bool) -> Behaviour:
         # grpc.aio serves a stream only from an async generator function.
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            checked = lambda: _checked(request)  # noqa: E731
+            checked = lambda: _checked(self.checker, request)  # noqa: E731
             async for item in self._streamed(inner, name, limited, checked, context):
                 yield item
 
@@ -414,7 +482,7 @@ class RequestLimits(grpc.aio.ServerInterceptor):
         async def behaviour(
             requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
-            checked = lambda: _checked_stream(requests)  # noqa: E731
+            checked = lambda: _checked_stream(self.checker, requests)  # noqa: E731
             async for item in self._streamed(inner, name, limited, checked, context):
                 yield item
 

@@ -33,8 +33,25 @@ _GPU_HEALTH_FIELDS = {f.name: f for f in dataclasses.fields(GpuHealth)}
 _GPU_HEALTH_LISTS = {n for n, f in _GPU_HEALTH_FIELDS.items() if str(f.type).startswith("tuple")}
 
 
+_GPU_HEALTH_NAMES = tuple(_GPU_HEALTH_FIELDS)
+
+
 def health_to_json(health: HealthReport | None) -> str:
-    return json.dumps(dataclasses.asdict(health)) if health is not None else ""
+    """The same document ``dataclasses.asdict`` gives (tuples as lists), built
+    flat: the write-behind serialises every reporting node each flush, and
+    ``asdict``'s recursive copy was most of its cost."""
+    if health is None:
+        return ""
+    gpus = [{name: getattr(g, name) for name in _GPU_HEALTH_NAMES} for g in health.gpus]
+    return json.dumps(
+        {
+            "sampled_at": health.sampled_at,
+            "source": health.source,
+            "gpus": gpus,
+            "bmc_temps_c": health.bmc_temps_c,
+            "drift": health.drift,
+        }
+    )
 
 
 def health_from_json(text: str) -> HealthReport | None:

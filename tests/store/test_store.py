@@ -88,3 +88,28 @@ async def test_events_commit_with_the_change_and_read_back_in_order(engine: Engi
     assert all(not r.published for r in rows)
     assert json.loads(rows[0].data_json) == {"extra": 1}
     db.close()
+
+
+def test_health_json_is_the_whole_report_and_reads_back_the_same() -> None:
+    import dataclasses
+    import json
+
+    from controller.core.health import GpuHealth, HealthReport
+    from controller.store.repositories import health_from_json, health_to_json
+
+    gpu = GpuHealth(
+        index=3,
+        uuid="GPU-3",
+        temp_c=71.5,
+        sm_clock_mhz=1980,
+        remap_pending=True,
+        xids=(79, 48),
+        nvlink_down=(2,),
+        errors=("remapped rows: Not Supported",),
+        recovery_action=2,
+    )
+    report = HealthReport(
+        sampled_at=12.5, source="bmc", gpus=(gpu,), bmc_temps_c=(41.0,), drift=("clocks",)
+    )
+    assert json.loads(health_to_json(report)) == json.loads(json.dumps(dataclasses.asdict(report)))
+    assert health_from_json(health_to_json(report)) == report
