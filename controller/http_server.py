@@ -1,4 +1,5 @@
-"""The controller's HTTP port (``--http-listen HOST:PORT``): ``/metrics``.
+"""The controller's HTTP port (``--http-listen HOST:PORT``): ``/metrics`` and
+the fleet dashboard (``controller/dashboard/``).
 
 Read-only and separate from the gRPC API, so that Prometheus can scrape it
 without an API credential: it serves counts, states, names of nodes' racks
@@ -13,6 +14,7 @@ import logging
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from controller.dashboard.routes import Dashboard
 from controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
@@ -21,14 +23,17 @@ log = logging.getLogger(__name__)
 class HttpServer:
     """An aiohttp site on the controller's event loop."""
 
-    def __init__(self, metrics: ControllerMetrics) -> None:
+    def __init__(self, metrics: ControllerMetrics, dashboard: Dashboard | None = None) -> None:
         self._metrics = metrics
+        self._dashboard = dashboard
         self._runner: web.AppRunner | None = None
         self.address = ""
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
+        if self._dashboard is not None:
+            self._dashboard.install(app)
         return app
 
     async def _serve_metrics(self, _request: web.Request) -> web.Response:
@@ -52,7 +57,7 @@ class HttpServer:
         self._runner = runner
         bound = runner.addresses[0]  # (host, port[, flow, scope]) of the socket
         self.address = f"{bound[0]}:{bound[1]}"
-        log.info("metrics on http://%s/metrics", self.address)
+        log.info("dashboard on http://%s/ and metrics at /metrics", self.address)
         return self.address
 
     async def stop(self) -> None:

@@ -245,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-listen",
         type=host_port,
         default=None,
-        help="HOST:PORT for the read-only HTTP port: Prometheus metrics at /metrics "
-        "(default: none)",
+        help="HOST:PORT for the read-only HTTP port: the fleet dashboard at / and "
+        "Prometheus metrics at /metrics (default: none)",
     )
     mqtt = p.add_argument_group("MQTT broker", "how the controller signs in to --mqtt")
     mqtt.add_argument("--mqtt-username", default=None, help="broker user name")

@@ -51,6 +51,7 @@ from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
+from controller.dashboard.routes import Dashboard
 from controller.events.broker import BrokerAccess
 from controller.events.publisher import MqttPublisher
 from controller.http_server import HttpServer
@@ -491,7 +492,7 @@ class ControllerServer:
             breakers=self._bmc.breaker_states if isinstance(self._bmc, PoolGateway) else None,
             outbox=StoreOutbox(self.store).backlog if self.publisher is not None else None,
         )
-        self.http = HttpServer(self.metrics)
+        self.http = HttpServer(self.metrics, Dashboard(self.fleet, auth=self.auth_enabled))
         try:
             self.http_address = await self.http.start(listen)
         except OSError as e:

@@ -13,6 +13,7 @@ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 [ -e /usr/include/libvirt/libvirt.h ] || need_apt+=(libvirt-dev pkg-config)
 command -v gcc >/dev/null || need_apt+=(gcc python3-dev)  # libvirt-python builds from source
 command -v promtool >/dev/null || need_apt+=(prometheus)  # promtool checks the alert rules
+command -v chromium >/dev/null || need_apt+=(chromium)  # the dashboard's browser test
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -q

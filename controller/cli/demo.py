@@ -79,6 +79,7 @@ async def demo(args: argparse.Namespace, say: Say) -> int:
             sample_interval=1.0,
             rules=demo_rules(),
             simulation=True,  # the thermal scenario injects faults
+            http_listen="127.0.0.1:0" if args.serve else None,  # the dashboard
         )
     )
     address = await controller.start()
@@ -96,7 +97,7 @@ async def demo(args: argparse.Namespace, say: Say) -> int:
             if not await wait_ready(stub, len(fleet.specs), args.timeout, say):
                 return 1
             if args.serve:
-                return await serve(address, say)
+                return await serve(address, say, dashboard=controller.http_address)
             ok = await allocate_and_release(stub, say)
             if ok:
                 ok = await wait_ready(stub, len(fleet.specs), args.timeout, say)
@@ -281,8 +282,10 @@ async def thermal_scenario(
     return True
 
 
-async def serve(address: str, say: Say) -> int:
+async def serve(address: str, say: Say, *, dashboard: str = "") -> int:
     say(f"serving     the fleet is up; try: KILN_CONTROLLER={address} kiln nodes list")
+    if dashboard:
+        say(f"dashboard   http://{dashboard}/ (metrics at http://{dashboard}/metrics)")
     say(f"            (or kiln --controller {address} ...); Ctrl-C stops everything")
     print(address, flush=True)
     stop = asyncio.Event()

@@ -63,6 +63,10 @@ class EventLog:
             lambda tx: tx.events.since(after_seq, node=node, allocation=allocation, limit=limit)
         )
 
+    async def newest(self, limit: int, *, node: str = "") -> list[EventInfo]:
+        """The newest ``limit`` events (of ``node``), oldest first."""
+        return await self._store.read(lambda tx: tx.events.newest(limit, node=node))
+
     async def watch(
         self, after_seq: int = 0, *, follow: bool = True, node: str = "", allocation: str = ""
     ) -> AsyncIterator[EventInfo]:

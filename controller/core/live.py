@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from controller.core.health import HealthReport, HealthSample
@@ -30,8 +31,16 @@ from controller.core.ports import Store
 
 log = logging.getLogger(__name__)
 
+
+def hottest_c(health: HealthReport) -> float | None:
+    """The hottest GPU's temperature in a report (None: no GPU reads one)."""
+    temps = [g.temp_c for g in health.gpus if g.temp_c is not None]
+    return max(temps) if temps else None
+
+
 DEFAULT_FLUSH_INTERVAL = 5.0  # seconds: the most samples a crash loses
 DEFAULT_BATCH = 2000  # nodes per bulk UPDATE (one transaction each)
+HISTORY = 60  # recent (time, hottest GPU °C) points kept per node, for the dashboard
 
 
 class LiveHealth:
@@ -53,6 +62,7 @@ class LiveHealth:
         self._clock = clock
         self._latest: dict[str, HealthSample] = {}
         self._dirty: set[str] = set()
+        self._history: dict[str, deque[tuple[float, float]]] = {}
         self._task: asyncio.Task[None] | None = None
         self.flushed = 0  # samples written since start
         self._failing = False
@@ -69,6 +79,17 @@ class LiveHealth:
         # A sample without a report keeps the stored one (save_health_batch).
         self._latest[node] = HealthSample(node, health, at)
         self._dirty.add(node)
+        if health is not None and health is not getattr(previous, "health", None):
+            hottest = hottest_c(health)
+            if hottest is not None:
+                points = self._history.get(node)
+                if points is None:
+                    points = self._history[node] = deque(maxlen=HISTORY)
+                points.append((health.sampled_at or at, hottest))
+
+    def history(self, node: str) -> list[tuple[float, float]]:
+        """The node's recent (sampled at, hottest GPU °C) points since start, oldest first."""
+        return list(self._history.get(node, ()))
 
     def seed(self, node: str, health: HealthReport | None, seen_at: float) -> None:
         """What the store already holds for ``node`` (at start): kept, not

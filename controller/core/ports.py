@@ -154,6 +154,10 @@ class EventRepository(Protocol):
         self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
     ) -> list[EventInfo]: ...
 
+    def newest(self, limit: int, *, node: str = "") -> list[EventInfo]:
+        """The newest ``limit`` events (of ``node``, if given), oldest first."""
+        ...
+
     def recent(self, kind: EventKind, since_at: float) -> list[EventInfo]:
         """Every event of ``kind`` recorded at or after ``since_at``, oldest first."""
         ...

@@ -433,6 +433,13 @@ class SqlEvents:
         stmt = stmt.order_by(col(EventRow.seq)).limit(limit)
         return [event_info(r) for r in self._session.exec(stmt)]
 
+    def newest(self, limit: int, *, node: str = "") -> list[EventInfo]:
+        stmt = select(EventRow)
+        if node:
+            stmt = stmt.where(EventRow.node == node)
+        rows = self._session.exec(stmt.order_by(col(EventRow.seq).desc()).limit(limit))
+        return [event_info(r) for r in reversed(list(rows))]
+
     def recent(self, kind: EventKind, since_at: float) -> list[EventInfo]:
         stmt = (
             select(EventRow)

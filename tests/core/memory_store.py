@@ -228,6 +228,10 @@ class MemoryEvents:
         ]
         return [replace(e) for e in found[:limit]]
 
+    def newest(self, limit: int, *, node: str = "") -> list[EventInfo]:
+        found = [e for e in self._s.events if not node or e.node == node]
+        return [replace(e) for e in found[-limit:]] if limit > 0 else []
+
     def recent(self, kind: EventKind, since_at: float) -> list[EventInfo]:
         return [replace(e) for e in self._s.events if e.kind == kind and e.at >= since_at]
 

@@ -1,0 +1,1 @@
+"""The fleet dashboard, served on the controller's HTTP port (read-only)."""
