@@ -158,8 +158,11 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def WatchEvents(
         self, request: fleet_pb2.WatchEventsRequest, context: Ctx
     ) -> AsyncIterator[types_pb2.Event]:
+        after = convert.sequence_number(request.after_seq)
+        if request.from_now:
+            after = await self._fleet.latest_event_seq()
         async for event in self._fleet.watch_events(
-            convert.sequence_number(request.after_seq),
+            after,
             follow=request.follow,
             node=request.node,
             allocation=request.allocation,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -11,11 +12,13 @@ from controller.cli.output import (
     MISSING,
     emit,
     emit_json,
+    emit_table,
     fmt_list,
     fmt_time,
     render_fields,
     render_table,
     short_enum,
+    use_colour,
 )
 from controller.cli.pages import every_page
 from kiln.v1 import fleet_pb2
@@ -123,7 +126,10 @@ def build_spec(args: argparse.Namespace) -> Any:
 def cmd_create(args: argparse.Namespace) -> int:
     request = fleet_pb2.CreateAllocationRequest(key=args.key, spec=build_spec(args))
     with connect(args) as session:
+        existed = bool(args.key) and _exists(session, args.key)
         alloc = session.stub.CreateAllocation(request, timeout=session.timeout)
+        if existed:  # the same key and request again: the controller returned the first
+            note(f"key {args.key!r} was used before: this is its allocation {alloc.id}, not new")
         if args.wait:
             alloc = wait_for(session, alloc, args.wait_timeout)
         _emit_alloc(session, alloc)
@@ -166,7 +172,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         if session.json:
             emit_json(response)
         else:
-            emit(allocations_table(response.allocations))
+            emit_table(allocations_table(response.allocations))
     return 0
 
 
@@ -181,14 +187,38 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     with connect(args) as session:
+        before = session.stub.GetAllocation(
+            fleet_pb2.GetAllocationRequest(id=args.id), timeout=session.timeout
+        )
+        already = before.state == fleet_pb2.ALLOCATION_STATE_RELEASED
         alloc = session.stub.ReleaseAllocation(
             fleet_pb2.ReleaseAllocationRequest(id=args.id), timeout=session.timeout
         )
         if session.json:
             emit_json(alloc)
+        elif already:
+            emit(f"allocation {alloc.id}: already released (nothing to do)")
         else:
             emit(f"allocation {alloc.id}: {short_enum(alloc, 'state')}")
     return 0
+
+
+def _exists(session: Session, key: str) -> bool:
+    """Whether an allocation already has idempotency key ``key``."""
+    import grpc  # with the connection (see controller.cli.client)
+
+    try:
+        session.stub.GetAllocation(fleet_pb2.GetAllocationRequest(id=key), timeout=session.timeout)
+    except grpc.RpcError as e:
+        if e.code() is grpc.StatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+def note(text: str) -> None:
+    """A remark for the person at the terminal (stderr: never in the output a pipe reads)."""
+    sys.stderr.write(f"kiln: {text}\n")
 
 
 def _emit_alloc(session: Session, alloc: Any) -> None:
@@ -227,7 +257,7 @@ def allocations_table(allocs: Any) -> str:
         )
         for a in allocs
     ]
-    return render_table(headers, rows)
+    return render_table(headers, rows, state_column="state", colour=use_colour())
 
 
 def allocation_detail(alloc: Any) -> str:

@@ -14,8 +14,10 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -54,12 +56,24 @@ def register(subparsers: Any) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    if not getattr(args, "verbose", False):
-        logging.basicConfig(level=logging.WARNING)
+    # The controller's and agents' log lines go to a file the demo names, not
+    # between its steps (with -v they also go to the terminal, as asked).
+    handle, path = tempfile.mkstemp(prefix="kiln-demo-", suffix=".log")
+    os.close(handle)
+    to_file = logging.FileHandler(path, encoding="utf-8")
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(to_file)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    print_step(f"log         the controller's and agents' log lines go to {path}")
     try:
         return asyncio.run(demo(args, print_step))
     except KeyboardInterrupt:
         return 130
+    finally:
+        root.removeHandler(to_file)
+        to_file.close()
 
 
 def print_step(text: str) -> None:
@@ -108,6 +122,10 @@ async def demo(args: argparse.Namespace, say: Say) -> int:
         await fleet.stop()
         await controller.stop()
     say(f"done        in {time.monotonic() - started:.1f}s" if ok else "demo FAILED")
+    if ok and not args.serve:
+        say("next        keep a fleet up with `kiln demo --serve`, then in another terminal:")
+        say("            kiln --controller ADDRESS nodes list, alloc create --nodes 2 --wait,")
+        say("            events watch; and open the dashboard address it prints")
     return 0 if ok else 1
 
 

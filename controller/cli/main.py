@@ -42,7 +42,7 @@ from typing import Any
 # hence here, first; an operator's own setting wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from controller.cli import access, alloc, certs, events, nodes, racks, sim
+from controller.cli import access, alloc, certs, completion, events, nodes, racks, sim
 from controller.cli.client import (
     CONTROLLER_ENV,
     DEFAULT_CONTROLLER,
@@ -55,6 +55,7 @@ from controller.cli.client import (
     uses_tls,
 )
 from controller.cli.output import terminal_safe
+from controller.cli.parser import KilnParser
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class Plugin:
     help: str
 
 
-_MODULES: tuple[ModuleType, ...] = (nodes, racks, alloc, events, sim, access, certs)
+_MODULES: tuple[ModuleType, ...] = (nodes, racks, alloc, events, sim, access, certs, completion)
 _PLUGINS: tuple[Plugin, ...] = (
     Plugin("demo", "controller.cli.demo", "run a simulated fleet end to end"),
 )
@@ -163,9 +164,7 @@ def build_parser(load: Collection[str] = ()) -> argparse.ArgumentParser:
     which accepts anything (``parse_known_args`` hands it back) so that
     ``main`` can tell which command was chosen before importing it.
     """
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Operate a Kiln GPU fleet through its controller."
-    )
+    parser = KilnParser(prog=PROG, description="Operate a Kiln GPU fleet through its controller.")
     _add_global_options(parser, suppress=False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _MODULES:
@@ -183,6 +182,11 @@ def build_parser(load: Collection[str] = ()) -> argparse.ArgumentParser:
         if id(leaf) not in placeholders:
             _add_global_options(leaf, suppress=True)
     return parser
+
+
+def plugin_commands() -> set[str]:
+    """The plug-in commands this installation has (for a parser with all of them)."""
+    return {p.command for p in _PLUGINS if _installed(p.module)}
 
 
 def _installed(module: str) -> bool:

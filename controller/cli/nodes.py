@@ -19,6 +19,7 @@ from controller.cli.output import (
     MISSING,
     emit,
     emit_json,
+    emit_table,
     fmt_list,
     fmt_opt,
     fmt_time,
@@ -26,6 +27,7 @@ from controller.cli.output import (
     render_table,
     short_enum,
     short_enum_name,
+    use_colour,
 )
 from controller.cli.pages import every_page
 from kiln.v1 import fleet_pb2, types_pb2
@@ -168,7 +170,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         if session.json:
             emit_json(response)
         else:
-            emit(nodes_table(response.nodes))
+            emit_table(nodes_table(response.nodes))
     return 0
 
 
@@ -287,7 +289,7 @@ def nodes_table(nodes: Any) -> str:
         for n in nodes
     ]
     headers = ("name", "rack", "state", "power", "bmc", "agent", "gpus", "alloc", "reason")
-    return render_table(headers, rows)
+    return render_table(headers, rows, state_column="state", colour=use_colour())
 
 
 def node_detail(node: Any) -> str:

@@ -2,13 +2,15 @@
 
 Everything here is pure: functions take values and return strings, except the
 ``emit_*`` helpers, which write to the *current* ``sys.stdout`` (looked up at
-call time so that tests capturing output see it). JSON output mirrors the API
-messages exactly: ``MessageToDict(preserving_proto_field_name=True)``.
+call time so that tests capturing output see it). JSON output is the API
+message with every field present and enums as the tables' words
+(``message_dict``; the schema per command is in ``docs/cli-json.md``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import unicodedata
@@ -115,18 +117,58 @@ def cell(value: Any) -> str:
     return terminal_safe(text.replace("\r", " ").replace("\n", " "))
 
 
-def render_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+# ANSI colours for state words, on a terminal only (``use_colour``).
+STATE_COLOURS = {
+    "ready": "32",  # green
+    "allocated": "34",  # blue
+    "enrolled": "33",  # yellow: on its way
+    "inspecting": "33",
+    "preparing": "33",
+    "releasing": "33",
+    "pending": "33",
+    "draining": "35",  # magenta: taken out by an operator
+    "maintenance": "35",
+    "quarantined": "31",  # red: failed
+    "failed": "31",
+    "powered_off": "2",  # dim
+    "released": "2",
+}
+
+
+def use_colour(stream: Any = None) -> bool:
+    """Colour only on a terminal, never in a pipe or file, nor with
+    ``NO_COLOR`` set (https://no-color.org) or ``TERM=dumb``."""
+    stream = sys.stdout if stream is None else stream
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def render_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    state_column: str | None = None,
+    colour: bool = False,
+) -> str:
     """Rows under upper-case ``headers`` in columns aligned with two spaces.
 
     The last column is not padded (no trailing blanks). Returns the text with
-    no final newline; an empty ``rows`` still yields the header line.
+    no final newline; an empty ``rows`` still yields the header line. With
+    ``colour``, the ``state_column`` cells are coloured by their word (after
+    padding, so the columns stay aligned).
     """
     table = [[h.upper() for h in headers]] + [[cell(v) for v in row] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(headers))]
+    coloured = list(headers).index(state_column) if colour and state_column else -1
     lines = []
-    for line in table:
-        padded = [text.ljust(widths[i]) for i, text in enumerate(line[:-1])]
-        lines.append("  ".join([*padded, line[-1]]).rstrip())
+    for n, line in enumerate(table):
+        padded = [text.ljust(widths[i]) for i, text in enumerate(line[:-1])] + [line[-1]]
+        code = STATE_COLOURS.get(line[coloured]) if n and coloured >= 0 else None
+        if code:
+            padded[coloured] = f"\x1b[{code}m{padded[coloured]}\x1b[0m"
+        lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
 
 
@@ -137,8 +179,50 @@ def render_fields(pairs: Sequence[tuple[str, Any]]) -> str:
 
 
 def message_dict(message: Message) -> dict[str, Any]:
-    """The API's JSON form of ``message`` (proto field names, defaults omitted)."""
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+    """The JSON a pipeline reads (``docs/cli-json.md``): the API message with
+    its proto field names, every field present (zero, false and empty
+    included), and enums as the lower-case words the tables show
+    (``NODE_STATE_READY`` → ``ready``; unset → ``""``)."""
+    data = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return _short_enums(message.DESCRIPTOR, data)
+
+
+def _short_enums(descriptor: Any, data: dict[str, Any]) -> dict[str, Any]:
+    for field in descriptor.fields:
+        if field.name not in data:
+            # Only a field with presence is left out (an unset message or
+            # optional reading): present as null, so every key is there.
+            data[field.name] = None
+            continue
+        value = data[field.name]
+        if field.enum_type is not None:
+            enum = field.enum_type.name
+            data[field.name] = (
+                [_enum_word(v, enum) for v in value]
+                if field.is_repeated
+                else _enum_word(value, enum)
+            )
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            if field.is_repeated:
+                data[field.name] = [_short_enums(field.message_type, v) for v in value]
+            elif isinstance(value, dict):
+                _short_enums(field.message_type, value)
+    return data
+
+
+def _enum_word(value: Any, enum_name: str) -> Any:
+    if not isinstance(value, str):  # a number this CLI does not know (a newer controller)
+        return value
+    word = short_enum_name(value, enum_name)
+    return "" if word == MISSING else word
+
+
+def emit_table(text: str) -> None:
+    """Write a ``render_table`` result: its cells are already terminal-safe,
+    and its colours (if any) are the CLI's own."""
+    sys.stdout.write(text + "\n")
 
 
 def emit(text: str) -> None:

@@ -37,7 +37,11 @@ class InvalidArgument(KilnError):
 
 
 class NotFound(KilnError):
-    template = "%(kind)s %(name)r not found"
+    template = "%(kind)s %(name)r not found%(hint)s"
+
+    def __init__(self, detail: str | None = None, **fields: Any) -> None:
+        fields.setdefault("hint", "")
+        super().__init__(detail, **fields)
 
 
 class Unauthenticated(KilnError):

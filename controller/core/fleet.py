@@ -273,6 +273,11 @@ class Fleet:
         self.lifecycle.wake()
         return allocation
 
+    async def latest_event_seq(self) -> int:
+        """The newest event's sequence number (0: none yet)."""
+        newest = await self.events.newest(1)
+        return newest[-1].seq if newest else 0
+
     def watch_events(
         self, after_seq: int = 0, *, follow: bool = True, node: str = "", allocation: str = ""
     ) -> AsyncIterator[EventInfo]:

@@ -123,6 +123,10 @@ class NodeView:
     def get(self, name: str) -> NodeRecord | None:
         return self._records.get(name)
 
+    def names(self) -> list[str]:
+        """Every node's name, sorted."""
+        return list(self._names)
+
     def gpus(self, name: str) -> tuple[GpuInfo, ...]:
         return self._gpus.get(name, ())
 

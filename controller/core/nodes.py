@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import logging
 import time
 from collections import defaultdict
@@ -94,6 +95,12 @@ def validate_gpus(gpus: Sequence[GpuInfo]) -> None:
         validate_name(f"GPU {g.index} model", short_gpu_model(g.model))
         if g.clique:
             validate_name(f"GPU {g.index} NVLink clique", g.clique)
+
+
+def closest_hint(name: str, names: Sequence[str]) -> str:
+    """``"; did you mean 'X'?"`` for the enrolled name closest to a mistyped one."""
+    close = difflib.get_close_matches(name[:NAME_MAX], names, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def held_back(node: NodeRecord) -> str:
@@ -206,11 +213,11 @@ class Nodes:
         )
 
     async def get(self, name: str) -> NodeInfo:
-        """Raises NotFound for a node never enrolled."""
+        """Raises NotFound for a node never enrolled (naming the closest one)."""
         view = await self.loaded()
         node = view.get(name)
         if node is None:
-            raise NotFound(kind="node", name=name)
+            raise NotFound(kind="node", name=name, hint=closest_hint(name, view.names()))
         return self._info(node, view.gpus(name))
 
     async def record(self, name: str) -> NodeRecord:

@@ -152,8 +152,7 @@ class Dashboard:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        newest = await self._fleet.events.newest(1)
-        latest = newest[-1].seq if newest else 0
+        latest = await self._fleet.latest_event_seq()
         with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
             async for e in self._fleet.watch_events(latest, follow=True):
                 data = {

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +161,7 @@ def test_nodes_list_and_show(kiln: Kiln, password_file: Path) -> None:
 
     listed = json.loads(kiln("nodes", "list", "-o", "json").out)
     assert sorted(n["name"] for n in listed["nodes"]) == ["a1", "a2", "b1"]
-    assert all(n["state"].startswith("NODE_STATE_") for n in listed["nodes"])
+    assert all(n["state"] in ("enrolled", "inspecting") for n in listed["nodes"])
 
     shown = json.loads(kiln("-o", "json", "nodes", "show", "b1").out)
     assert (shown["name"], shown["rack"], shown["bmc_username"]) == ("b1", "r2", "admin")
@@ -170,7 +171,7 @@ def test_nodes_list_and_show(kiln: Kiln, password_file: Path) -> None:
 
 def test_state_filter(kiln: Kiln, password_file: Path) -> None:
     assert enroll(kiln, password_file, "n1").code == 0
-    assert json.loads(kiln("-o", "json", "nodes", "list", "--state", "ready").out) == {}
+    assert json.loads(kiln("-o", "json", "nodes", "list", "--state", "ready").out)["nodes"] == []
     assert kiln("nodes", "list", "--state", "ready").out.splitlines()[1:] == []
 
 
@@ -181,7 +182,7 @@ def test_drain_and_undrain(kiln: Kiln, password_file: Path) -> None:
     assert drained.out == "node n1 drained: state draining (fan swap)\n"
     undrained = kiln("-o", "json", "nodes", "undrain", "n1")
     assert undrained.code == 0
-    assert json.loads(undrained.out)["state"] != "NODE_STATE_DRAINING"
+    assert json.loads(undrained.out)["state"] != "draining"
 
 
 def test_alloc_larger_than_the_fleet_is_refused(kiln: Kiln, password_file: Path) -> None:
@@ -190,7 +191,7 @@ def test_alloc_larger_than_the_fleet_is_refused(kiln: Kiln, password_file: Path)
     assert_one_error_line(result, "kiln: error: FAILED_PRECONDITION: ")
     assert "fit" in result.err
     # all or nothing: no allocation was left behind
-    assert json.loads(kiln("-o", "json", "alloc", "list", "--all").out) == {}
+    assert json.loads(kiln("-o", "json", "alloc", "list", "--all").out)["allocations"] == []
     assert kiln("alloc", "list").out == "ID  STATE  REQUEST  QUEUE  PRIO  NODES  CREATED  REASON\n"
 
 
@@ -241,6 +242,7 @@ def test_events_watch_exits_0_on_ctrl_c(
             controller_addr,
             "events",
             "watch",
+            "--from-start",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -303,3 +305,55 @@ def test_bulk_power_json_lines(kiln: Kiln, password_file: Path) -> None:
     messages = [json.loads(line) for line in result.out.splitlines()]
     assert sorted(m["node"] for m in messages) == ["p1", "p2"]
     assert all(m["total"] == 2 and not m.get("ok") for m in messages)
+
+
+def test_a_repeated_create_and_a_second_release_say_so(kiln: Kiln, password_file: Path) -> None:
+    assert enroll(kiln, password_file, "rep1").code == 0  # not inspected: requests wait
+    first = kiln("-o", "json", "alloc", "create", "--nodes", "1", "--key", "same-key")
+    assert first.code == 0 and first.err == ""
+    again = kiln("-o", "json", "alloc", "create", "--nodes", "1", "--key", "same-key")
+    ident = json.loads(first.out)["id"]
+    assert json.loads(again.out)["id"] == ident
+    assert f"key 'same-key' was used before: this is its allocation {ident}, not new" in again.err
+    assert kiln("alloc", "release", ident).out == f"allocation {ident}: released\n"
+    assert kiln("alloc", "release", ident).out == (
+        f"allocation {ident}: already released (nothing to do)\n"
+    )
+
+
+def test_events_watch_starts_from_now(
+    controller_addr: str, kiln: Kiln, password_file: Path
+) -> None:
+    assert enroll(kiln, password_file, "before-watch").code == 0
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "controller.cli.main",
+            "--controller",
+            controller_addr,
+            "events",
+            "watch",
+            "--kind",
+            "node.enrolled",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2.0)  # the watch has connected (it prints nothing until an event)
+        assert enroll(kiln, password_file, "after-watch").code == 0
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "node.enrolled" in first and "after-watch" in first, first
+        seq, _, kind = first.split()[:3]
+        assert first.index(kind) == 6 + 2 + 20 + 2  # seq right-aligned in 6, time, kind
+        assert seq.isdigit()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -238,13 +238,20 @@ def test_render_fields_aligns_values() -> None:
     ]
 
 
-def test_json_mirrors_the_api_message() -> None:
+def test_json_has_every_field_and_the_tables_words_for_states() -> None:
     node = make_node(state_reason="")
     data = message_dict(node)
-    assert data["state"] == "NODE_STATE_READY"
+    assert data["state"] == "ready"  # the word the table shows
     assert data["gpu_count"] == 4
-    assert "state_reason" not in data  # proto3 JSON omits defaults
-    assert fleet_pb2.Node(**{k: v for k, v in data.items() if k not in ("state", "power")}).name
+    assert data["state_reason"] == ""  # present though empty
+    assert data["schedulable"] in (True, False)
+    assert set(data) == {f.name for f in fleet_pb2.Node.DESCRIPTOR.fields}
+    assert data["health"] is None or isinstance(data["health"], dict)
+    unset = message_dict(fleet_pb2.Node(name="n"))
+    assert unset["state"] == "" and unset["power"] == "" and unset["gpus"] == []
+    assert unset["health"] is None  # a message not sent: null, not left out
+    page = message_dict(fleet_pb2.ListNodesResponse(nodes=[node]))
+    assert page["nodes"][0]["state"] == "ready" and page["next_page_token"] == ""
 
 
 @pytest.mark.parametrize(
@@ -282,7 +289,11 @@ def test_json_mirrors_the_api_message() -> None:
     ],
 )
 def test_event_line(event: types_pb2.Event, line: str) -> None:
-    assert event_line(event) == line
+    assert event_line(event).split() == line.split()  # the same words, in columns:
+    seq, at, kind, subject = line.split()[:4]
+    shown = event_line(event)
+    assert shown.startswith(seq.rjust(6) + "  " + at + "  " + kind.ljust(24) + "  ")
+    assert shown.index(subject, len(seq) + 2) == 6 + 2 + 20 + 2 + 24 + 2
 
 
 def test_progress_text() -> None:

@@ -107,7 +107,7 @@ def test_nodes_list_json_is_one_response_with_every_node(kiln: Any) -> None:
     result = kiln("-o", "json", "nodes", "list")
     assert result.code == 0, result.err
     answer = json.loads(result.out)
-    assert list(answer) == ["nodes"]  # no next_page_token: one response, as before
+    assert list(answer) == ["nodes", "next_page_token"] and answer["next_page_token"] == ""
     assert [n["name"] for n in answer["nodes"]] == sorted(ENROLLED + PARKED)
 
 
@@ -125,7 +125,7 @@ def test_alloc_list_shows_every_allocation_over_one_page(kiln: Any) -> None:
     assert rows(kiln("alloc", "list")) == []  # failed ones are not open
     result = kiln("-o", "json", "alloc", "list", "--all")
     answer = json.loads(result.out)
-    assert list(answer) == ["allocations"]
+    assert list(answer) == ["allocations", "next_page_token"] and not answer["next_page_token"]
     assert len(answer["allocations"]) == FAILED_ALLOCS
 
 

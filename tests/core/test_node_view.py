@@ -206,3 +206,14 @@ async def test_a_request_that_never_fits_is_judged_again_when_the_fleet_grows(
     await fleet.nodes.agent_registered("n002", [h200(0)], "")
     queued = await fleet.allocations.create("k3", three)  # three nodes now: it may fit
     assert queued.id
+
+
+@pytest.mark.timeout(60)
+async def test_an_unknown_node_names_the_closest_one(make_fleet: Callable[..., Fleet]) -> None:
+    fleet = make_fleet()
+    await fleet.enroll(spec(1))
+    with pytest.raises(NotFound, match=r"node 'n00l' not found; did you mean 'n001'\?"):
+        await fleet.get_node("n00l")
+    with pytest.raises(NotFound) as far:
+        await fleet.get_node("something-else")
+    assert str(far.value) == "node 'something-else' not found"

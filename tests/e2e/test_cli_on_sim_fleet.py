@@ -133,7 +133,7 @@ def test_placement_through_the_cli(fleet_addr: str, capsys: pytest.CaptureFixtur
         "--key",
         "later",
     )
-    assert waiting["state"] == "ALLOCATION_STATE_PENDING" and not waiting.get("nodes")
+    assert waiting["state"] == "pending" and not waiting.get("nodes")
     capsys.readouterr()
     assert kiln([*c, "alloc", "show", waiting["id"]]) == 0
     shown = capsys.readouterr().out
@@ -143,7 +143,7 @@ def test_placement_through_the_cli(fleet_addr: str, capsys: pytest.CaptureFixtur
     deadline = time.monotonic() + 30
     while True:
         now = run_json(capsys, *c, "alloc", "show", waiting["id"])
-        if now["state"] == "ALLOCATION_STATE_READY":
+        if now["state"] == "ready":
             break
         assert time.monotonic() < deadline, now
         time.sleep(0.3)

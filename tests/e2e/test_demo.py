@@ -26,6 +26,7 @@ async def test_demo_runs_end_to_end_with_the_thermal_scenario() -> None:
     assert "lifecycle   ready 20" in text
     assert "allocation.notice" in text and "allocation.node_replaced" in text
     assert "PowerState=Off" in text
+    assert lines[-3].startswith("next ") and "kiln demo --serve" in lines[-3]
 
 
 def test_demo_serve_keeps_the_fleet_up_for_the_cli() -> None:
@@ -56,13 +57,27 @@ def test_demo_serve_keeps_the_fleet_up_for_the_cli() -> None:
     try:
         assert proc.stdout is not None
         address = ""
+        seen: list[str] = []
         deadline = time.monotonic() + 120
         while not address and time.monotonic() < deadline:
             line = proc.stdout.readline()
             assert line, "demo exited before serving"
+            seen.append(line)
             match = re.fullmatch(r"127\.0\.0\.1:\d+", line.strip())
             address = match.group(0) if match else ""
         assert address, "demo --serve never printed its address"
+        # Steps only: the log lines went to the file the demo named.
+        assert not [s for s in seen if s.startswith(("WARNING", "INFO", "ERROR"))], seen
+        log_line = next(s for s in seen if s.startswith("log "))
+        assert os.path.exists(log_line.split()[-1])
+        dashboard = next(s for s in seen if s.startswith("dashboard "))
+        url = re.search(r"http://127\.0\.0\.1:\d+/", dashboard)
+        assert url, dashboard
+        import urllib.request
+
+        with urllib.request.urlopen(url.group(0), timeout=30) as page:  # loopback only
+            html = page.read().decode()
+        assert "r01" in html and 'class="tray' in html
         listed = subprocess.run(
             [sys.executable, "-m", "controller.cli.main", "-o", "json", "nodes", "list"],
             capture_output=True,
@@ -72,7 +87,7 @@ def test_demo_serve_keeps_the_fleet_up_for_the_cli() -> None:
         )
         assert listed.returncode == 0, listed.stderr
         nodes = json.loads(listed.stdout)["nodes"]
-        assert len(nodes) == 19 and all(n["state"] == "NODE_STATE_READY" for n in nodes)
+        assert len(nodes) == 19 and all(n["state"] == "ready" for n in nodes)
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, rest

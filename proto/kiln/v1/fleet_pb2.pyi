@@ -348,16 +348,18 @@ class ReleaseAllocationRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
-    __slots__ = ("after_seq", "follow", "node", "allocation")
+    __slots__ = ("after_seq", "follow", "node", "allocation", "from_now")
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    FROM_NOW_FIELD_NUMBER: _ClassVar[int]
     after_seq: int
     follow: bool
     node: str
     allocation: str
-    def __init__(self, after_seq: _Optional[int] = ..., follow: _Optional[bool] = ..., node: _Optional[str] = ..., allocation: _Optional[str] = ...) -> None: ...
+    from_now: bool
+    def __init__(self, after_seq: _Optional[int] = ..., follow: _Optional[bool] = ..., node: _Optional[str] = ..., allocation: _Optional[str] = ..., from_now: _Optional[bool] = ...) -> None: ...
 
 class InjectFaultRequest(_message.Message):
     __slots__ = ("node", "fault_json")
