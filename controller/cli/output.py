@@ -16,10 +16,10 @@ import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from google.protobuf import json_format
-from google.protobuf.message import Message
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 MISSING = "-"
 """Shown in a table cell whose value is absent, zero-time or empty."""
@@ -183,6 +183,8 @@ def message_dict(message: Message) -> dict[str, Any]:
     its proto field names, every field present (zero, false and empty
     included), and enums as the lower-case words the tables show
     (``NODE_STATE_READY`` → ``ready``; unset → ``""``)."""
+    from google.protobuf import json_format  # only when JSON is asked for
+
     data = json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
