@@ -15,6 +15,7 @@ from controller.cli.output import (
     emit_table,
     fmt_list,
     fmt_time,
+    fmt_when,
     render_fields,
     render_table,
     short_enum,
@@ -278,7 +279,7 @@ def allocation_detail(alloc: Any) -> str:
         ("nodes", fmt_list(alloc.nodes, sep=" ")),
         ("spares", fmt_list(alloc.spares, sep=" ")),
         ("domains", fmt_list(alloc.domains, sep=" ")),
-        ("created", fmt_time(alloc.created_at)),
-        ("updated", fmt_time(alloc.updated_at)),
+        ("created", fmt_when(alloc.created_at)),
+        ("updated", fmt_when(alloc.updated_at)),
     ]
     return render_fields(fields)

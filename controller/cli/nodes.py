@@ -21,8 +21,10 @@ from controller.cli.output import (
     emit_json,
     emit_table,
     fmt_list,
+    fmt_mib,
     fmt_opt,
     fmt_time,
+    fmt_when,
     render_fields,
     render_table,
     short_enum,
@@ -308,12 +310,12 @@ def node_detail(node: Any) -> str:
         ("bmc user", node.bmc_username),
         ("bmc health", node.bmc_health),
         ("agent", "connected" if node.agent_connected else "disconnected"),
-        ("agent last seen", fmt_time(node.agent_last_seen)),
+        ("agent last seen", fmt_when(node.agent_last_seen)),
         ("agent cert", cert_expiry(node.agent_cert_expires_at)),
         ("gpus", gpu_summary(node)),
         ("profile", node.profile),
         ("allocation", node.allocation),
-        ("updated", fmt_time(node.updated_at)),
+        ("updated", fmt_when(node.updated_at)),
     ]
     parts = [render_fields(fields)]
     if node.gpus:
@@ -353,7 +355,7 @@ def gpus_table(gpus: Any) -> str:
             g.uuid,
             g.serial,
             g.pci_bus_id,
-            f"{g.memory_mib} MiB" if g.memory_mib else MISSING,
+            fmt_mib(g.memory_mib),
             g.clique,
         )
         for g in gpus

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import time
 import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -87,6 +88,34 @@ def fmt_time(unix_seconds: float) -> str:
         return MISSING
     moment = datetime.fromtimestamp(unix_seconds, tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def fmt_when(unix_seconds: float, now: float | None = None) -> str:
+    """``fmt_time`` with how long ago, for people: ``2026-12-01T17:00:00Z (3m ago)``."""
+    if not unix_seconds:
+        return MISSING
+    now = time.time() if now is None else now
+    return f"{fmt_time(unix_seconds)} ({fmt_duration(now - unix_seconds)} ago)"
+
+
+def fmt_duration(seconds: float) -> str:
+    """A span in its largest sensible unit: ``42s``, ``3m``, ``5h12m``, ``2d3h``."""
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def fmt_mib(mib: int) -> str:
+    """Memory in GiB (``141 GiB``; one decimal under 10 GiB), ``-`` for none."""
+    if mib <= 0:
+        return MISSING
+    gib = mib / 1024
+    return f"{gib:.1f} GiB" if gib < 10 else f"{gib:.0f} GiB"
 
 
 def fmt_opt(message: Message, field: str, unit: str = "", digits: int = 0) -> str:

@@ -157,7 +157,7 @@ def test_node_detail_shows_gpus_and_health() -> None:
     )
     text = node_detail(node)
     assert "state:" in text and "ready" in text
-    assert "NVIDIA GB200" in text and "189471 MiB" in text
+    assert "NVIDIA GB200" in text and "185 GiB" in text
     assert "Health (agent, 2023-11-14T22:13:20Z):" in text
     health = text.split("Health (")[1].splitlines()
     row0 = health[2].split()

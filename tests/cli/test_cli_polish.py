@@ -102,3 +102,18 @@ def test_completion_command_prints_scripts(capsys: pytest.CaptureFixture[str]) -
     assert main(["completion", "zsh"]) == 0
     zsh = capsys.readouterr().out
     assert zsh.startswith("#compdef kiln") and "bashcompinit" in zsh
+
+
+def test_human_units() -> None:
+    from controller.cli.output import fmt_duration, fmt_mib, fmt_when
+
+    assert fmt_mib(143771) == "140 GiB" and fmt_mib(5120) == "5.0 GiB" and fmt_mib(0) == "-"
+    assert [fmt_duration(s) for s in (5, 119, 180, 3600 + 12 * 60, 2 * 86400 + 3 * 3600)] == [
+        "5s",
+        "119s",
+        "3m",
+        "1h12m",
+        "2d3h",
+    ]
+    assert fmt_when(1_700_000_000, now=1_700_000_180) == "2023-11-14T22:13:20Z (3m ago)"
+    assert fmt_when(0) == "-"
