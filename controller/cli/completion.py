@@ -19,15 +19,15 @@ SHELLS = ("bash", "zsh")
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("completion", help="print a shell completion script (bash, zsh)")
+    p = subparsers.add_parser("completion", help="print a shell completion script (bash/zsh)")
     p.add_argument("shell", choices=SHELLS, help="the shell to complete in")
     p.set_defaults(func=cmd_completion)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from controller.cli.main import build_parser, plugin_commands
+    from controller.cli.main import build_parser
 
-    emit(script(build_parser(load=plugin_commands()), args.shell))
+    emit(script(build_parser(), args.shell))
     return 0
 
 

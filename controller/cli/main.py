@@ -33,7 +33,6 @@ import sys
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 # grpc-core writes some failures (a refused TLS handshake, say) to stderr
@@ -42,7 +41,6 @@ from typing import Any
 # hence here, first; an operator's own setting wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from controller.cli import access, alloc, certs, completion, events, nodes, racks, sim
 from controller.cli.client import (
     CONTROLLER_ENV,
     DEFAULT_CONTROLLER,
@@ -78,8 +76,25 @@ class Plugin:
     help: str
 
 
-_MODULES: tuple[ModuleType, ...] = (nodes, racks, alloc, events, sim, access, certs, completion)
+# Every command, in ``kiln --help`` order. Each module is imported only when
+# one of its commands is chosen (``kiln nodes list`` loads the nodes module
+# alone), so start-up pays for one command, not all of them.
 _PLUGINS: tuple[Plugin, ...] = (
+    Plugin("nodes", "controller.cli.nodes", "list, inspect, enroll and power nodes"),
+    Plugin("racks", "controller.cli.racks", "NVLink racks and their nodes"),
+    Plugin("topology", "controller.cli.racks", "export the fleet's topology"),
+    Plugin("alloc", "controller.cli.alloc", "allocate, inspect and release nodes"),
+    Plugin("events", "controller.cli.events", "watch the event stream"),
+    Plugin("sim", "controller.cli.sim", "simulated fleets: inject faults"),
+    Plugin("tokens", "controller.cli.access", "create, list and revoke bearer tokens (admin)"),
+    Plugin("whoami", "controller.cli.access", "who the controller takes you for, and your role"),
+    Plugin("audit", "controller.cli.access", "the audit log of calls (admin)"),
+    Plugin(
+        "certs",
+        "controller.cli.certs",
+        "a fleet CA, and certificates for the controller, agents and operators",
+    ),
+    Plugin("completion", "controller.cli.completion", "print a shell completion script (bash/zsh)"),
     Plugin("demo", "controller.cli.demo", "run a simulated fleet end to end"),
 )
 
@@ -156,25 +171,29 @@ def _add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None
     add("--token", type=_no_token, default=None, help=argparse.SUPPRESS)
 
 
-def build_parser(load: Collection[str] = ()) -> argparse.ArgumentParser:
-    """The whole ``kiln`` argument parser.
+def build_parser(load: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The ``kiln`` argument parser: whole by default (every command loaded).
 
-    Plug-in commands named in ``load`` are imported and registered in full;
-    every other plug-in gets a placeholder with its help line and no options,
-    which accepts anything (``parse_known_args`` hands it back) so that
-    ``main`` can tell which command was chosen before importing it.
+    With ``load``, only the commands named are imported and registered in
+    full; every other one gets a placeholder with its help line and no
+    options, which accepts anything (``parse_known_args`` hands it back) so
+    that ``main`` can tell which command was chosen before importing it.
     """
+    if load is None:
+        load = {p.command for p in _PLUGINS}
     parser = KilnParser(prog=PROG, description="Operate a Kiln GPU fleet through its controller.")
     _add_global_options(parser, suppress=False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in _MODULES:
-        module.register(subparsers)
     placeholders: set[int] = set()
+    loading = {p.module for p in _PLUGINS if p.command in load}
+    registered: set[str] = set()
     for plugin in _PLUGINS:
         if not _installed(plugin.module):
             continue
-        if plugin.command in load:
-            importlib.import_module(plugin.module).register(subparsers)
+        if plugin.module in loading:  # all of the module's commands, once
+            if plugin.module not in registered:
+                importlib.import_module(plugin.module).register(subparsers)
+                registered.add(plugin.module)
         else:
             placeholder = subparsers.add_parser(plugin.command, help=plugin.help, add_help=False)
             placeholders.add(id(placeholder))
@@ -182,11 +201,6 @@ def build_parser(load: Collection[str] = ()) -> argparse.ArgumentParser:
         if id(leaf) not in placeholders:
             _add_global_options(leaf, suppress=True)
     return parser
-
-
-def plugin_commands() -> set[str]:
-    """The plug-in commands this installation has (for a parser with all of them)."""
-    return {p.command for p in _PLUGINS if _installed(p.module)}
 
 
 def _installed(module: str) -> bool:
@@ -204,7 +218,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
     Exits (SystemExit) as ``parse_args`` does for ``--help`` and usage errors.
     """
-    parser = build_parser()
+    parser = build_parser(load=())
     chosen, _ = parser.parse_known_args(argv)
     if any(plugin.command == chosen.command for plugin in _PLUGINS):
         parser = build_parser(load={chosen.command})

@@ -98,5 +98,7 @@ def test_demo_help_loads_the_plugin() -> None:
 
 
 def test_top_level_help_same_with_plugins_loaded() -> None:
-    """The placeholder's help line is the plug-in's own."""
+    """Each placeholder's help line is its command's own (the whole parser,
+    every command loaded, prints the same top-level help as none loaded)."""
+    assert build_parser().format_help() == build_parser(load=()).format_help()
     assert build_parser().format_help() == build_parser(load={"demo"}).format_help()

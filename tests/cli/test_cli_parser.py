@@ -216,7 +216,8 @@ def fake_plugin(monkeypatch: pytest.MonkeyPatch, seen: list[Any]) -> None:
     plugin.register = register  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, plugin.__name__, plugin)
     spec = cli_main.Plugin("demo", plugin.__name__, "a simulated fleet")
-    monkeypatch.setattr(cli_main, "_PLUGINS", (spec,))
+    others = tuple(p for p in cli_main._PLUGINS if p.command != "demo")
+    monkeypatch.setattr(cli_main, "_PLUGINS", (*others, spec))
 
 
 def test_demo_plugin_hook(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,6 +245,6 @@ def test_plugin_registered_only_when_chosen(
 
 def test_missing_plugin_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     missing = cli_main.Plugin("nothing", "controller.cli.no_such_plugin", "not installed")
-    monkeypatch.setattr(cli_main, "_PLUGINS", (missing,))
+    monkeypatch.setattr(cli_main, "_PLUGINS", (*cli_main._PLUGINS, missing))
     assert parse("racks", "list").command == "racks"
     assert "nothing" not in build_parser().format_help()

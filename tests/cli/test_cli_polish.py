@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller.cli.completion import script
-from controller.cli.main import build_parser, main, plugin_commands
+from controller.cli.main import build_parser, main
 from controller.cli.output import render_table, use_colour
 
 
@@ -75,7 +75,7 @@ def complete(tmp_path: Path, words: list[str]) -> list[str]:
     bash = shutil.which("bash")
     assert bash
     path = tmp_path / "kiln.bash"
-    path.write_text(script(build_parser(load=plugin_commands()), "bash"))
+    path.write_text(script(build_parser(), "bash"))
     quoted = " ".join(f"'{w}'" for w in words)
     line = (
         f"source {path}; COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; "
