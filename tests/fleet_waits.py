@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from controller.cli.pages import every_page_async
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
@@ -68,3 +69,21 @@ async def wait_allocation(
                 f"{ident}: {fleet_pb2.AllocationState.Name(alloc.state)} ({alloc.reason})"
             )
         await asyncio.sleep(0.2)
+
+
+async def enroll_sim_fleet(stub: Stub, fleet: Any) -> None:
+    """Enrol every node of a ``controller.sim.fleet.SimFleet`` with its BMC."""
+    from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME
+
+    for spec in fleet.specs:
+        await stub.EnrollNode(
+            fleet_pb2.EnrollNodeRequest(
+                name=spec.name,
+                bmc_url=fleet.bmc_url(spec.name),
+                username=SIM_USERNAME,
+                password=SIM_PASSWORD,
+                rack=spec.rack,
+                leaf=spec.leaf,
+                spine=spec.spine,
+            )
+        )

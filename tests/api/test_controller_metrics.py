@@ -17,11 +17,11 @@ from pathlib import Path
 import aiohttp
 import grpc
 import pytest
-from fleet_waits import wait_all_ready, wait_allocation
+from fleet_waits import enroll_sim_fleet, wait_all_ready, wait_allocation
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.server import ControllerConfig, ControllerServer, ListenError
-from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
+from controller.sim.fleet import SIM_PASSWORD, SimFleet, default_fleet
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc
 
 FAMILIES = (
@@ -99,16 +99,7 @@ async def test_metrics_show_the_fleet_and_what_it_did(
     server, fleet = running
     async with grpc.aio.insecure_channel(server.address) as channel:
         stub = fleet_pb2_grpc.FleetServiceStub(channel)
-        for spec in fleet.specs:
-            await stub.EnrollNode(
-                fleet_pb2.EnrollNodeRequest(
-                    name=spec.name,
-                    bmc_url=fleet.bmc_url(spec.name),
-                    username=SIM_USERNAME,
-                    password=SIM_PASSWORD,
-                    rack=spec.rack,
-                )
-            )
+        await enroll_sim_fleet(stub, fleet)
         nodes = await wait_all_ready(stub, 60.0)
         created = await stub.CreateAllocation(
             fleet_pb2.CreateAllocationRequest(key="m1", spec=fleet_pb2.AllocationSpec(nodes=1))

@@ -27,10 +27,10 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from fleet_waits import wait_all_ready
+from fleet_waits import enroll_sim_fleet, wait_all_ready
 
 from controller.server import ControllerConfig, ControllerServer
-from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
+from controller.sim.fleet import SimFleet, default_fleet
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -140,21 +140,6 @@ def artefacts(tmp_path: Path) -> Path:
     return folder
 
 
-async def enroll_all(stub: fleet_pb2_grpc.FleetServiceStub, fleet: SimFleet) -> None:
-    for spec in fleet.specs:
-        await stub.EnrollNode(
-            fleet_pb2.EnrollNodeRequest(
-                name=spec.name,
-                bmc_url=fleet.bmc_url(spec.name),
-                username=SIM_USERNAME,
-                password=SIM_PASSWORD,
-                rack=spec.rack,
-                leaf=spec.leaf,
-                spine=spec.spine,
-            )
-        )
-
-
 @pytest.mark.timeout(240)
 async def test_the_dashboard_follows_the_fleet_without_a_reload(tmp_path: Path) -> None:
     server = ControllerServer(
@@ -174,7 +159,7 @@ async def test_the_dashboard_follows_the_fleet_without_a_reload(tmp_path: Path) 
         await fleet.start(address)
         async with grpc.aio.insecure_channel(address) as channel:
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
-            await enroll_all(stub, fleet)
+            await enroll_sim_fleet(stub, fleet)
             nodes = await wait_all_ready(stub, 90.0)
             base = f"http://{server.http_address}"
             async with chromium(tmp_path / "profile") as browser:
