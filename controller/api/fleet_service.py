@@ -100,6 +100,15 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         return convert.node_pb(node)
 
     @unary
+    async def RemoveNode(
+        self, request: fleet_pb2.RemoveNodeRequest, context: Ctx
+    ) -> fleet_pb2.RemoveNodeResponse:
+        allocation = await self._fleet.remove_node(
+            request.name, force=request.force, reason=request.reason
+        )
+        return fleet_pb2.RemoveNodeResponse(name=request.name, allocation=allocation)
+
+    @unary
     async def UndrainNode(
         self, request: fleet_pb2.UndrainNodeRequest, context: Ctx
     ) -> fleet_pb2.Node:

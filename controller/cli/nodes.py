@@ -123,6 +123,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("name")
     p.set_defaults(func=cmd_undrain)
 
+    p = sub.add_parser(
+        "remove",
+        help="retire a node that is not allocated (its events stay)",
+        description="Forget a node: its record, GPUs and agent tokens. Refused while the node "
+        "is allocated (the allocation is named) unless --force, which takes it out of its "
+        "allocation as a failed node (a replacement if one is free). Its events stay.",
+    )
+    p.add_argument("name")
+    p.add_argument(
+        "--force", action="store_true", help="also when allocated, or when its BMC is gone"
+    )
+    p.add_argument("--reason", default="", metavar="TEXT")
+    p.set_defaults(func=cmd_remove)
+
     power.register(sub)
 
 
@@ -256,6 +270,19 @@ def cmd_undrain(args: argparse.Namespace) -> int:
             fleet_pb2.UndrainNodeRequest(name=args.name), timeout=session.timeout
         )
         _emit_node_line(session.json, node, "undrained")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    request = fleet_pb2.RemoveNodeRequest(name=args.name, force=args.force, reason=args.reason)
+    with connect(args) as session:
+        removed = session.stub.RemoveNode(request, timeout=session.timeout)
+        if session.json:
+            emit_json(removed)
+        elif removed.allocation:
+            emit(f"node {removed.name} removed (taken out of allocation {removed.allocation})")
+        else:
+            emit(f"node {removed.name} removed")
     return 0
 
 

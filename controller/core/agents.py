@@ -57,6 +57,12 @@ class AgentHub:
             return True
         return False
 
+    def drop(self, node: str) -> None:
+        """End the node's agent session (its stream closes at its next message)."""
+        session = self._sessions.get(node)
+        if session is not None:
+            self.detach(session)
+
     def is_connected(self, node: str) -> bool:
         return node in self._sessions
 

@@ -16,7 +16,7 @@ from typing import Any
 from controller.core.agents import AgentHub, AgentSession
 from controller.core.allocations import Allocations
 from controller.core.audit import AuditEntry, AuditLog
-from controller.core.errors import InvalidArgument, PermissionDenied
+from controller.core.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from controller.core.eventlog import EventLog
 from controller.core.health import HealthReport
 from controller.core.health_policy import PolicyRunner
@@ -228,6 +228,36 @@ class Fleet:
         self.policies.forget(node)
         self.lifecycle.poke(node)
         return info
+
+    async def remove_node(self, name: str, *, force: bool = False, reason: str = "") -> str:
+        """Retire a node; returns the allocation it was taken out of ("" if none).
+
+        Refused (FailedPrecondition, naming the allocation) while the node is
+        allocated, unless ``force``: then its allocation loses it as it would
+        lose a failed node (a replacement, or ``allocation.degraded``) first.
+        Its events stay; its record, GPUs, agent tokens, health episodes,
+        lifecycle backoff, BMC breaker and session, and agent stream do not.
+
+        Raises NotFound for an unknown node.
+        """
+        node = await self.nodes.record(name)
+        allocation = node.allocation_id
+        if allocation and not force:
+            raise FailedPrecondition(
+                f"node {name!r} is in allocation {allocation}: release it first, or "
+                "remove with force to take the node out of it (the allocation gets a "
+                "replacement if one is free)"
+            )
+        if allocation:
+            await self.allocations.node_failed(name, reason or "node removed")
+        await self.nodes.remove(name, reason or "removed by operator")
+        self.policies.forget(name)
+        self.lifecycle.forget(name)
+        self.live.forget(name)
+        self.agents.drop(name)
+        self.tokens.invalidate()  # its agent's tokens are gone: no cached one still works
+        await self.allocations.schedule_pass()  # a request may never fit now: say so
+        return allocation
 
     async def export_topology(self, fmt: TopologyFormat) -> str:
         topology = await self.allocations.topology()

@@ -11,6 +11,7 @@ class EventKind(StrEnum):
 
     NODE_ENROLLED = "node.enrolled"
     NODE_CREDENTIALS = "node.credentials"
+    NODE_REMOVED = "node.removed"
     NODE_TRANSITION = "node.transition"
     NODE_POWER = "node.power"
     NODE_AGENT = "node.agent"

@@ -174,6 +174,10 @@ class Lifecycle:
             backoff.retry_at = 0.0
         self.wake()
 
+    def forget(self, node: str) -> None:
+        """Drop a removed node's backoff."""
+        self._backoff.pop(node, None)
+
     def waiting(self, node: str) -> float:
         """Seconds until the node's next step may run (0: not backing off)."""
         backoff = self._backoff.get(node)

@@ -87,6 +87,12 @@ class LiveHealth:
                     points = self._history[node] = deque(maxlen=HISTORY)
                 points.append((health.sampled_at or at, hottest))
 
+    def forget(self, node: str) -> None:
+        """Drop a removed node's samples (a pending one is not written)."""
+        self._latest.pop(node, None)
+        self._dirty.discard(node)
+        self._history.pop(node, None)
+
     def history(self, node: str) -> list[tuple[float, float]]:
         """The node's recent (sampled at, hottest GPU °C) points since start, oldest first."""
         return list(self._history.get(node, ()))

@@ -37,9 +37,10 @@ class NodeChanges:
 
     saved: Mapping[str, NodeRecord] = field(default_factory=dict)
     gpus: Mapping[str, tuple[GpuInfo, ...]] = field(default_factory=dict)
+    removed: frozenset[str] = frozenset()
 
     def __bool__(self) -> bool:
-        return bool(self.saved or self.gpus)
+        return bool(self.saved or self.gpus or self.removed)
 
 
 def inventory_key(node: NodeRecord) -> tuple[object, ...]:
@@ -114,6 +115,15 @@ class NodeView:
             self._records[name] = record
         for name, inventory in changes.gpus.items():
             self._gpus[name] = inventory
+        for name in changes.removed:
+            gone = self._records.pop(name, None)
+            self._gpus.pop(name, None)
+            if gone is not None:
+                self._by_state[gone.state].discard(name)
+                index = bisect.bisect_left(self._names, name)
+                if index < len(self._names) and self._names[index] == name:
+                    del self._names[index]
+                self.inventory_version += 1
 
     # -- reads -----------------------------------------------------------------
 

@@ -405,6 +405,28 @@ class Nodes:
         log.info("node %s: BMC credentials replaced (user %s)", name, username)
         return await self.get(name)
 
+    async def remove(self, name: str, reason: str) -> None:
+        """Forget the node in one transaction with its ``node.removed`` event
+        (which records where it was and its BMC, never a password)."""
+
+        def write(tx: Tx) -> None:
+            node = load_node(tx, name)
+            tx.nodes.remove(name)
+            record(
+                tx,
+                EventKind.NODE_REMOVED,
+                node=name,
+                reason=reason,
+                rack=node.rack,
+                state=node.state.value,
+                bmc_url=node.bmc_url,
+            )
+
+        await self._store.tx(write)
+        self._rack_of.pop(name, None)
+        self._bmc.forget(name)
+        log.info("node %s: removed (%s)", name, reason)
+
     async def drain(self, name: str, reason: str) -> NodeInfo:
         def write(tx: Tx) -> None:
             node = load_node(tx, name)

@@ -109,6 +109,10 @@ class NodeRepository(Protocol):
         """Replace the node's GPU inventory."""
         ...
 
+    def remove(self, name: str) -> None:
+        """Forget the node, its GPUs and its agent's tokens (its events stay)."""
+        ...
+
 
 class AllocationRepository(Protocol):
     def get(self, ident: str) -> AllocationRecord | None: ...

@@ -155,6 +155,10 @@ class Tokens:
     def _forget(self) -> None:
         self._records.clear()
 
+    def invalidate(self) -> None:
+        """Drop cached token look-ups (tokens were removed with their node)."""
+        self._forget()
+
     def _new(
         self, name: str, role: Role, secret_hash: str, *, token_id: str, by: str, node: str = ""
     ) -> TokenRecord:

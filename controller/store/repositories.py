@@ -205,9 +205,24 @@ class SqlNodes:
         # (``controller.core.node_view``): each record as of its last save.
         self._saved: dict[str, NodeRecord] = {}
         self._gpus_set: dict[str, tuple[GpuInfo, ...]] = {}
+        self._removed: set[str] = set()
 
     def changes(self) -> NodeChanges:
-        return NodeChanges(saved=self._saved, gpus=self._gpus_set)
+        return NodeChanges(saved=self._saved, gpus=self._gpus_set, removed=frozenset(self._removed))
+
+    def remove(self, name: str) -> None:
+        for gpu in self._session.exec(select(GpuRow).where(GpuRow.node == name)):
+            self._session.delete(gpu)
+        for token in self._session.exec(select(TokenRow).where(TokenRow.node == name)):
+            self._session.delete(token)  # its agent's tokens go with it
+        self._session.flush()
+        row = self._row(name)
+        if row is not None:
+            self._session.delete(row)
+            self._session.flush()
+        self._saved.pop(name, None)
+        self._gpus_set.pop(name, None)
+        self._removed.add(name)
 
     def _keep(self, node: NodeRecord) -> None:
         # Health is not the view's: the latest lives in memory (core/live.py).

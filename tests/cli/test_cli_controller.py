@@ -357,3 +357,15 @@ def test_events_watch_starts_from_now(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_nodes_remove(kiln: Kiln, password_file: Path) -> None:
+    assert enroll(kiln, password_file, "retire-me").code == 0
+    removed = kiln("nodes", "remove", "retire-me", "--reason", "end of life")
+    assert removed.code == 0 and removed.out == "node retire-me removed\n"
+    gone = kiln("nodes", "show", "retire-me")
+    assert_one_error_line(gone, "kiln: error: NOT_FOUND: node 'retire-me' not found")
+    events = kiln("events", "watch", "--no-follow", "--node", "retire-me", "--kind", "node.")
+    assert "node.enrolled" in events.out and "node.removed" in events.out
+    assert "end of life" in events.out
+    assert kiln("nodes", "remove", "retire-me").code == 1  # already gone: NOT_FOUND

@@ -41,6 +41,17 @@ class MemoryNodes:
         self._s = state
         self.saved: dict[str, NodeRecord] = {}  # for the view, as the SQL store tells it
         self.gpus_set: dict[str, tuple[GpuInfo, ...]] = {}
+        self.removed: set[str] = set()
+
+    def remove(self, name: str) -> None:
+        self._s.nodes.pop(name, None)
+        self._s.passwords.pop(name, None)
+        self._s.gpus.pop(name, None)
+        for ident in [i for i, t in self._s.tokens.items() if t.node == name]:
+            del self._s.tokens[ident]
+        self.saved.pop(name, None)
+        self.gpus_set.pop(name, None)
+        self.removed.add(name)
 
     def _keep(self, node: NodeRecord) -> None:
         self.saved[node.name] = replace(copy.deepcopy(node), health=None)
@@ -306,7 +317,9 @@ class MemoryStore:
             result = fn(tx)
             self._state = work
             self.transactions += 1
-            changes = NodeChanges(saved=tx.nodes.saved, gpus=tx.nodes.gpus_set)
+            changes = NodeChanges(
+                saved=tx.nodes.saved, gpus=tx.nodes.gpus_set, removed=frozenset(tx.nodes.removed)
+            )
             if changes:
                 for node_listener in self._node_listeners:
                     node_listener(changes)

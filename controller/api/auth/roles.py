@@ -64,6 +64,7 @@ FLEET_RULES: dict[str, Rule] = {
     "PowerNode": _rule(OPERATOR, ADMIN, mutating=True),
     "PowerNodes": _rule(OPERATOR, ADMIN, mutating=True),
     "DrainNode": _rule(OPERATOR, ADMIN, mutating=True),
+    "RemoveNode": _rule(OPERATOR, PROVISIONER, ADMIN, mutating=True),
     "UndrainNode": _rule(OPERATOR, ADMIN, mutating=True),
     "CreateAllocation": _rule(OPERATOR, PROVISIONER, ADMIN, mutating=True),
     # A provisioner releases only its own (Fleet.release checks the owner).

@@ -211,6 +211,24 @@ class UndrainNodeRequest(_message.Message):
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
+class RemoveNodeRequest(_message.Message):
+    __slots__ = ("name", "force", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    force: bool
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., force: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RemoveNodeResponse(_message.Message):
+    __slots__ = ("name", "allocation")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    allocation: str
+    def __init__(self, name: _Optional[str] = ..., allocation: _Optional[str] = ...) -> None: ...
+
 class Rack(_message.Message):
     __slots__ = ("name", "nvlink_domain", "gpu_model", "nodes", "gpus", "ready", "allocated", "leaf", "spine")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -70,6 +70,11 @@ class FleetServiceStub:
                 request_serializer=kiln_dot_v1_dot_fleet__pb2.UndrainNodeRequest.SerializeToString,
                 response_deserializer=kiln_dot_v1_dot_fleet__pb2.Node.FromString,
                 _registered_method=True)
+        self.RemoveNode = channel.unary_unary(
+                '/kiln.v1.FleetService/RemoveNode',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.RemoveNodeResponse.FromString,
+                _registered_method=True)
         self.ListRacks = channel.unary_unary(
                 '/kiln.v1.FleetService/ListRacks',
                 request_serializer=kiln_dot_v1_dot_fleet__pb2.ListRacksRequest.SerializeToString,
@@ -190,6 +195,14 @@ class FleetServiceServicer:
 
     def UndrainNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveNode(self, request, context):
+        """Retire a node: it must not be allocated (force: take it out of its allocation,
+        which gets a replacement). Its events stay; nothing else of it does.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -333,6 +346,11 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.UndrainNode,
                     request_deserializer=kiln_dot_v1_dot_fleet__pb2.UndrainNodeRequest.FromString,
                     response_serializer=kiln_dot_v1_dot_fleet__pb2.Node.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.RemoveNodeRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.RemoveNodeResponse.SerializeToString,
             ),
             'ListRacks': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRacks,
@@ -599,6 +617,33 @@ class FleetService:
             '/kiln.v1.FleetService/UndrainNode',
             kiln_dot_v1_dot_fleet__pb2.UndrainNodeRequest.SerializeToString,
             kiln_dot_v1_dot_fleet__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/RemoveNode',
+            kiln_dot_v1_dot_fleet__pb2.RemoveNodeRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.RemoveNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
