@@ -178,16 +178,45 @@ NODE_PLAIN = tuple(
 )
 
 
-def node_pb(n: NodeInfo) -> fleet_pb2.Node:
+class HealthWire:
+    """Each node's latest report in its wire form, built once per report.
+
+    A report is an immutable value replaced by the next one, so its message
+    is kept with it (by identity) and copied into each ``Node`` that shows
+    it: a fleet polled by ``GetNode``/``ListNodes`` converts a report once,
+    not once per read. One entry per node (``forget`` drops a removed one).
+    """
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, tuple[HealthReport, bytes]] = {}
+
+    def serialized(self, node: str, health: HealthReport) -> bytes:
+        kept = self._by_node.get(node)
+        if kept is not None and kept[0] is health:
+            return kept[1]
+        msg = health_pb(health)
+        data = msg.SerializeToString() if msg is not None else b""
+        self._by_node[node] = (health, data)
+        return data
+
+    def forget(self, node: str) -> None:
+        self._by_node.pop(node, None)
+
+
+def node_pb(n: NodeInfo, wire: HealthWire | None = None) -> fleet_pb2.Node:
     msg = fleet_pb2.Node(
         state=NODE_STATE.get(n.state, 0),
         power=power_pb(n.power),
         gpus=[gpu_pb(g) for g in n.gpus],
         **{name: getattr(n, name) for name in NODE_PLAIN},
     )
-    health = health_pb(n.health)
-    if health is not None:
-        msg.health.CopyFrom(health)
+    if n.health is not None:
+        if wire is not None:
+            msg.health.MergeFromString(wire.serialized(n.name, n.health))
+        else:
+            health = health_pb(n.health)
+            assert health is not None
+            msg.health.CopyFrom(health)
     return msg
 
 

@@ -30,6 +30,7 @@ def _action(value: int) -> str:
 class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     def __init__(self, fleet: Fleet) -> None:
         self._fleet = fleet
+        self._health_wire = convert.HealthWire()  # reports in wire form, once each
 
     @unary
     async def EnrollNode(
@@ -61,12 +62,13 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
             page_token=request.page_token,
         )
         return fleet_pb2.ListNodesResponse(
-            nodes=[convert.node_pb(n) for n in page.items], next_page_token=page.next_token
+            nodes=[convert.node_pb(n, self._health_wire) for n in page.items],
+            next_page_token=page.next_token,
         )
 
     @unary
     async def GetNode(self, request: fleet_pb2.GetNodeRequest, context: Ctx) -> fleet_pb2.Node:
-        return convert.node_pb(await self._fleet.get_node(request.name))
+        return convert.node_pb(await self._fleet.get_node(request.name), self._health_wire)
 
     @unary
     async def PowerNode(
@@ -106,6 +108,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         allocation = await self._fleet.remove_node(
             request.name, force=request.force, reason=request.reason
         )
+        self._health_wire.forget(request.name)
         return fleet_pb2.RemoveNodeResponse(name=request.name, allocation=allocation)
 
     @unary

@@ -347,3 +347,19 @@ def test_a_page_size_over_5000_is_clamped_to_5000(fleet: Fleet) -> None:
     assert len(rest.nodes) == 38 and not rest.next_page_token
     assert first.nodes[-1].name < rest.nodes[0].name
     print(f"a page of 5000 nodes in {took:.2f}s")
+
+
+def test_a_report_goes_to_the_wire_once_and_reads_the_same() -> None:
+    from controller.api import convert
+    from controller.core.health import GpuHealth, HealthReport
+
+    wire = convert.HealthWire()
+    first = HealthReport(sampled_at=1.0, gpus=(GpuHealth(index=0, temp_c=41.0, xids=(79,)),))
+    data = wire.serialized("n1", first)
+    assert wire.serialized("n1", first) is data  # kept: the same report is not converted again
+    expected = convert.health_pb(first)
+    assert expected is not None and data == expected.SerializeToString()
+    later = HealthReport(sampled_at=2.0, gpus=(GpuHealth(index=0, temp_c=55.0),))
+    assert wire.serialized("n1", later) != data  # a new report: converted afresh
+    wire.forget("n1")
+    assert wire.serialized("n1", first) == data
