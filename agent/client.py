@@ -1,9 +1,14 @@
-"""The node agent: dials the controller, registers, reports, obeys.
+"""The node agent: samples its GPUs, dials the controller, reports, obeys.
 
 One ``Agent`` per node and no module-level state, so a simulated fleet runs
-many in one process. The stream to the controller is re-dialled with
-exponential backoff and jitter whenever it breaks. GPU work (NVML calls) runs
-in threads so the event loop never blocks on the driver.
+many in one process. Monitoring does not depend on the control plane: from
+start-up the agent samples every interval and keeps its metrics current
+(as dcgm-exporter does), whether or not a controller is reachable or the
+node enrolled. While no controller has it registered, the XIDs it sees are
+kept (bounded, ``AWAY_XIDS``) and go up with the first report after it
+registers again, so none is lost. The stream to the controller is re-dialled
+with exponential backoff and jitter whenever it breaks. GPU work (NVML calls)
+runs in threads so the event loop never blocks on the driver.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import random
 import socket
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
@@ -34,6 +40,8 @@ log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
 DRIFT_CHECK_EVERY = 6  # sampling rounds
+AWAY_XIDS = 1024  # (GPU, XID) pairs kept while no controller has the node registered
+DEFAULT_SAMPLE_INTERVAL = 5.0  # seconds, until a controller says otherwise
 # Answers that retrying soon cannot change (an unknown node, a certificate that
 # names another node): wait the longest backoff before dialling again.
 _REFUSED = frozenset(
@@ -92,6 +100,7 @@ class Agent:
         backoff: tuple[float, float] = (0.5, 30.0),
         channel_credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
+        sample_interval: float = DEFAULT_SAMPLE_INTERVAL,
     ) -> None:
         """``channel_credentials``: dial over TLS with these (``kiln_common.tls``);
         None dials plaintext. Each agent carries its own, so a simulated fleet
@@ -120,6 +129,16 @@ class Agent:
         self._stopping = asyncio.Event()
         self.registered = asyncio.Event()
         self.connections = 0
+        # Monitoring, from start-up (``_monitor``): the interval the controller
+        # asked for while registered, else the agent's own.
+        self.sample_interval = sample_interval
+        self._asked_interval: float | None = None
+        self._outbox: asyncio.Queue[agent_pb2.AgentMessage | None] | None = None
+        self._away_xids: deque[tuple[int, int]] = deque(maxlen=AWAY_XIDS)
+        self.xids_dropped = 0  # seen while away beyond AWAY_XIDS (oldest first)
+        self.last_health: NodeHealth | None = None
+        self.samples = 0
+        self._wake = asyncio.Event()  # sample now (just registered)
 
     @property
     def applied_profile(self) -> str:
@@ -131,8 +150,9 @@ class Agent:
         return self.controllers[self._current]
 
     async def run(self) -> None:
-        """Stay connected until ``stop()``; re-dial with backoff on failure."""
+        """Monitor, and stay connected, until ``stop()``; re-dial with backoff."""
         await asyncio.to_thread(self.nvml.nvmlInit)
+        monitor = asyncio.create_task(self._monitor(), name=f"kiln-monitor-{self.node_name}")
         delay = self._backoff[0]
         try:
             while not self._stopping.is_set():
@@ -161,6 +181,8 @@ class Agent:
                     pass
                 delay = min(delay * 2, self._backoff[1])
         finally:
+            monitor.cancel()
+            await asyncio.gather(monitor, return_exceptions=True)
             await asyncio.to_thread(self._shutdown_nvml)
 
     def _shutdown_nvml(self) -> None:
@@ -202,7 +224,6 @@ class Agent:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             call = stub.Connect(outgoing(), metadata=self._metadata or None)
             tasks: set[asyncio.Task[None]] = set()
-            sampler: asyncio.Task[None] | None = None
             stopper = asyncio.create_task(self._stopping.wait())
             try:
                 reader = aiter(call)
@@ -228,15 +249,19 @@ class Agent:
                             self.node_name,
                             self.controller,
                         )
-                        interval = msg.registered.sample_interval_s or 5.0
-                        sampler = asyncio.create_task(self._sample_loop(outbox, interval))
+                        self._asked_interval = msg.registered.sample_interval_s or None
+                        self._outbox = outbox  # the monitor reports here now
+                        self._wake.set()  # at once, with the XIDs seen while away
                     elif body == "command":
                         task = asyncio.create_task(self._execute(msg.command, outbox))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
             finally:
+                if self._outbox is outbox:
+                    self._outbox = None  # away: the monitor keeps XIDs from here on
+                    self._asked_interval = None
                 stopper.cancel()
-                for t in [*tasks, *([sampler] if sampler else [])]:
+                for t in tasks:
                     t.cancel()
                 await outbox.put(None)
 
@@ -245,23 +270,77 @@ class Agent:
             return grpc.aio.insecure_channel(self.controller)
         return grpc.aio.secure_channel(self.controller, self._credentials)
 
-    async def _sample_loop(
-        self, outbox: asyncio.Queue[agent_pb2.AgentMessage | None], interval: float
-    ) -> None:
+    async def _monitor(self) -> None:
+        """Sample every interval from start-up: metrics always, reports while registered."""
+        inventory = None
         rounds = 0
         drift: list[str] = []
         while True:
-            health = await self._sample()
-            if self.metrics is not None:
-                self.metrics.update_health(health)
-            report = health_pb(health, time.time())
-            report.drift.extend(drift)  # what the last check found and repaired
-            await outbox.put(agent_pb2.AgentMessage(health=report))
-            rounds += 1
-            drift = []
-            if self._profile is not None and rounds % DRIFT_CHECK_EVERY == 0:
-                drift = await self._repair_drift()
-            await asyncio.sleep(interval)
+            try:
+                if inventory is None:
+                    inventory = await asyncio.to_thread(read_inventory, self.nvml)
+                    if self.metrics is not None:
+                        self.metrics.update_inventory(inventory)
+                health = await self._sample()
+            except Exception as e:  # a driver hiccup: try again next round
+                log.warning("node %s: sampling failed: %s", self.node_name, e)
+            else:
+                self.last_health = health
+                self.samples += 1
+                if self.metrics is not None:
+                    self.metrics.update_health(health)
+                outbox = self._outbox
+                if outbox is None:
+                    self._keep_away(health)
+                else:
+                    report = health_pb(health, time.time())
+                    self._attach_away(report)
+                    report.drift.extend(drift)  # what the last check found and repaired
+                    await outbox.put(agent_pb2.AgentMessage(health=report))
+                    rounds += 1
+                    drift = []
+                    if self._profile is not None and rounds % DRIFT_CHECK_EVERY == 0:
+                        drift = await self._repair_drift()
+            interval = self._asked_interval or self.sample_interval
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval)
+            except TimeoutError:
+                pass
+
+    def _keep_away(self, health: NodeHealth) -> None:
+        for gpu in health.gpus:
+            for xid in gpu.xids:
+                if len(self._away_xids) == self._away_xids.maxlen:
+                    self.xids_dropped += 1
+                self._away_xids.append((gpu.index, xid))
+
+    def _attach_away(self, report: types_pb2.NodeHealth) -> None:
+        """Put the XIDs seen while away into this report's GPUs (oldest first)."""
+        if not self._away_xids:
+            return
+        by_index = {g.index: g for g in report.gpus}
+        earlier: dict[int, list[int]] = {}
+        kept = []
+        for index, xid in self._away_xids:
+            if index in by_index:
+                earlier.setdefault(index, []).append(xid)
+            else:
+                kept.append((index, xid))  # a GPU this sample lacks: next time
+        for index, xids in earlier.items():
+            gpu = by_index[index]
+            now = list(gpu.xids)
+            del gpu.xids[:]
+            gpu.xids.extend(xids + now)  # the ones seen while away came first
+        if self.xids_dropped:
+            log.warning(
+                "node %s: %d XIDs seen while away were dropped (more than %d)",
+                self.node_name,
+                self.xids_dropped,
+                AWAY_XIDS,
+            )
+            self.xids_dropped = 0
+        self._away_xids = deque(kept, maxlen=AWAY_XIDS)
 
     async def _sample(self) -> NodeHealth:
         """One health sample; after a driver reload NVML must be initialised

@@ -10,7 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
-from agent.client import Agent
+from agent.client import DEFAULT_SAMPLE_INTERVAL, Agent
 from agent.metrics import AgentMetrics
 from agent.nvml import open_backend
 from kiln_common.tls import channel_credentials
@@ -47,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics (dcgm-exporter names) on this port",
     )
     p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument(
+        "--sample-interval",
+        type=float,
+        default=DEFAULT_SAMPLE_INTERVAL,
+        metavar="SECONDS",
+        help="seconds between samples while no controller has the node registered "
+        f"(default {DEFAULT_SAMPLE_INTERVAL:g}; a controller sets its own)",
+    )
     tls = p.add_argument_group("TLS", "dial the controller over TLS (default: plaintext)")
     tls.add_argument(
         "--tls-ca", type=Path, default=None, help="CA that signed the controller's certificate"
@@ -88,6 +96,7 @@ async def run(args: argparse.Namespace) -> None:
         metrics=metrics,
         channel_credentials=credentials,
         token=token,
+        sample_interval=args.sample_interval,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
