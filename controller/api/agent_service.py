@@ -90,8 +90,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 yield command_pb(command_id, command)
         finally:
             reader.cancel()
-            refused = (await asyncio.gather(reader, return_exceptions=True))[0]
-            await self._fleet.agent_disconnected(session)
+            refused: object = None
+            try:
+                refused = (await asyncio.gather(reader, return_exceptions=True))[0]
+            except asyncio.CancelledError:
+                pass  # the call was cancelled (the agent went away): clean up all the same
+            self._fleet.agent_disconnected(session)
         if isinstance(refused, KilnError):
             await context.abort(status_for(refused), message_for(refused))
 

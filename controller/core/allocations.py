@@ -420,12 +420,13 @@ class Allocations:
                 waiting[ident] = f"{reason} (yet: {uninspected} node(s) still being inspected)"
                 del rejected[ident]
         held = waiting and sum(
-            1
-            for n in nodes
-            if n.state == NodeState.READY and self._nodes.usable(n) and held_back(n)
+            1 for n in nodes if self._nodes.usable(n) and self._nodes.why_not_schedulable(n)
         )
         if held:  # say why ready-looking nodes are not taken
-            note = f" ({held} node(s) held back: BMC unreachable or powered off)"
+            note = (
+                f" ({held} node(s) held back: BMC unreachable or powered off, or failing "
+                "the health baseline)"
+            )
             waiting = {ident: reason + note for ident, reason in waiting.items()}
         return waiting, rejected
 

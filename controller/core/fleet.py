@@ -37,7 +37,7 @@ from controller.core.model import (
     PowerScope,
     RackInfo,
 )
-from controller.core.nodes import Nodes, validate_gpus
+from controller.core.nodes import BASELINE_GATE, Nodes, validate_gpus
 from controller.core.paging import (
     AllocationFilter,
     NodeFilter,
@@ -48,7 +48,7 @@ from controller.core.paging import (
 from controller.core.ports import BmcGateway, Store
 from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
-from controller.core.profiles import ProfileCatalog
+from controller.core.profiles import HealthGate, ProfileCatalog
 from controller.core.tasks import BackgroundTasks
 from controller.core.tokens import Tokens
 from controller.placement import (
@@ -100,6 +100,7 @@ class Fleet:
         health_flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         max_reports_per_second: float = DEFAULT_MAX_REPORTS_PER_SECOND,
         meter: Meter | None = None,
+        baseline_gate: HealthGate | None = BASELINE_GATE,
     ) -> None:
         self.store = store
         self.meter: Meter = meter or NullMeter()
@@ -108,7 +109,7 @@ class Fleet:
         self.agents = AgentHub()
         self.events = EventLog(store)
         self.live = LiveHealth(store, flush_interval=health_flush_interval)
-        self.nodes = Nodes(store, bmc, self.agents, self.live)
+        self.nodes = Nodes(store, bmc, self.agents, self.live, baseline_gate=baseline_gate)
         self.allocations = Allocations(store, self.nodes, queues=queues, meter=self.meter)
         self.lifecycle = Lifecycle(
             store,
@@ -427,18 +428,22 @@ class Fleet:
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._background.spawn(coro)
 
-    async def agent_disconnected(self, session: AgentSession) -> None:
-        """Forget the agent's stream; record a ``node.agent`` event unless the
-        controller itself is stopping (then every stream ends at once, and
+    def agent_disconnected(self, session: AgentSession) -> None:
+        """Forget the agent's stream now; record its ``node.agent`` event in the
+        background (the stream's own task may be cancelled as it ends), unless
+        the controller itself is stopping (then every stream ends at once, and
         25,000 events would hold the shutdown up for a minute)."""
         if self.agents.detach(session) and not self.stopping:
             log.info("node %s: agent disconnected", session.node)
-            await self.nodes.agent_gone(session.node)
+            self._spawn(self.nodes.agent_gone(session.node))
 
     async def agent_health(self, node: str, health: HealthReport) -> None:
+        was_unhealthy = self.nodes.judged_unhealthy(node)
         rack = await self.nodes.agent_health(node, health)
         self.meter.health_report()
         if rack is not None:
+            if was_unhealthy and not self.nodes.unhealthy_now(node):
+                self._schedule_soon()  # it passes the baseline again: it may take work
             await self.policies.observe(node, rack, health)
 
     def agent_result(self, session: AgentSession, command_id: str, outcome: CommandOutcome) -> None:

@@ -49,13 +49,19 @@ log = logging.getLogger(__name__)
 WATCHED = (NodeState.READY, NodeState.ALLOCATED, NodeState.DRAINING, NodeState.PREPARING)
 
 
-READING_FIELDS = tuple(f.name for f in dataclasses.fields(GpuReading) if f.name != "dbe_volatile")
+DERIVED = ("dbe_volatile", "nvlink_down", "fabric_degraded")
+READING_FIELDS = tuple(f.name for f in dataclasses.fields(GpuReading) if f.name not in DERIVED)
+FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 
 
 def gpu_reading(g: GpuHealth) -> GpuReading:
     """What the policies read of one GPU (the rest of its report they ignore)."""
+    fabric = not g.fabric_healthy if g.fabric_state == FABRIC_COMPLETED else None
     return GpuReading(
-        dbe_volatile=g.ecc_dbe_volatile, **{name: getattr(g, name) for name in READING_FIELDS}
+        dbe_volatile=g.ecc_dbe_volatile,
+        nvlink_down=len(g.nvlink_down),
+        fabric_degraded=fabric,
+        **{name: getattr(g, name) for name in READING_FIELDS},
     )
 
 

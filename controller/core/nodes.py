@@ -29,6 +29,8 @@ from controller.core.model import (
 )
 from controller.core.node_view import NodeView
 from controller.core.ports import BmcGateway, Store, Tx
+from controller.core.preparation import gate_problems
+from controller.core.profiles import HealthGate
 from controller.core.records import NodeRecord
 from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
 from controller.core.transitions import load_node, move
@@ -103,6 +105,10 @@ def closest_hint(name: str, names: Sequence[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def _with_hold(reason: str, hold: str) -> str:
+    return f"{reason} (takes no new work: {hold})" if hold else reason
+
+
 def held_back(node: NodeRecord) -> str:
     """Why a node in service takes no new allocation ("" when nothing holds it back).
 
@@ -117,11 +123,27 @@ def held_back(node: NodeRecord) -> str:
     return ""
 
 
+# A node in service must keep passing this between preparations (its latest
+# report), or it takes no new work: a GPU off the bus, uncorrectable ECC
+# errors, a failed or pending row remap, NVLink links down.
+BASELINE_GATE = HealthGate()
+
+
 class Nodes:
     def __init__(
-        self, store: Store, bmc: BmcGateway, agents: AgentHub, live: LiveHealth | None = None
+        self,
+        store: Store,
+        bmc: BmcGateway,
+        agents: AgentHub,
+        live: LiveHealth | None = None,
+        *,
+        baseline_gate: HealthGate | None = BASELINE_GATE,
     ) -> None:
         self._store = store
+        self.baseline_gate = baseline_gate
+        # The gate's verdict per node, kept with the report it judged (a
+        # report is immutable: judged once, however often it is read).
+        self._verdicts: dict[str, tuple[HealthReport, str]] = {}
         self._bmc = bmc
         self._agents = agents
         self.live = live or LiveHealth(store)
@@ -179,7 +201,37 @@ class Nodes:
         """Usable, and fit to be given new work (bookings aside): what the
         placement engine sees as schedulable. A job that already holds the
         node keeps it either way (see ``docs/placement.md``)."""
-        return self.usable(node) and not held_back(node)
+        return self.usable(node) and not held_back(node) and not self.unhealthy(node)
+
+    def unhealthy(self, node: NodeRecord) -> str:
+        """Why the node's latest report fails the fleet's baseline gate ("" when
+        it passes, or when there is no gate or no report with GPUs yet)."""
+        gate = self.baseline_gate
+        health = self.latest_health(node)
+        if gate is None or health is None or not health.gpus:
+            return ""
+        kept = self._verdicts.get(node.name)
+        if kept is not None and kept[0] is health:
+            return kept[1]
+        verdict = "; ".join(gate_problems(gate, health))
+        self._verdicts[node.name] = (health, verdict)
+        return verdict
+
+    def judged_unhealthy(self, name: str) -> bool:
+        """Whether the node's last judged report failed the baseline (no new judging)."""
+        kept = self._verdicts.get(name)
+        return bool(kept and kept[1])
+
+    def unhealthy_now(self, name: str) -> str:
+        """``unhealthy`` for a node by name ("" for an unknown one)."""
+        node = self.view.get(name) if self.view.ready else None
+        return self.unhealthy(node) if node is not None else ""
+
+    def why_not_schedulable(self, node: NodeRecord) -> str:
+        """For a ready node that takes no new work: why ("" otherwise)."""
+        if node.state != NodeState.READY or node.drained:
+            return ""
+        return held_back(node) or self.unhealthy(node)
 
     def schedulable(self, node: NodeRecord) -> bool:
         """Placeable and free: a new allocation may take it now."""
@@ -194,7 +246,7 @@ class Nodes:
             bmc_url=node.bmc_url,
             bmc_username=node.bmc_username,
             state=node.state,
-            state_reason=node.state_reason,
+            state_reason=_with_hold(node.state_reason, self.why_not_schedulable(node)),
             power=node.power,
             bmc_health=node.bmc_health,
             agent_connected=self._agents.is_connected(node.name),
@@ -424,6 +476,7 @@ class Nodes:
 
         await self._store.tx(write)
         self._rack_of.pop(name, None)
+        self._verdicts.pop(name, None)
         self._bmc.forget(name)
         log.info("node %s: removed (%s)", name, reason)
 

@@ -75,6 +75,11 @@ def _gpu_value(metric: Metric, gpu: GpuReading, fallback: Thresholds) -> Value |
         return gpu.remap_failure if isinstance(gpu.remap_failure, bool) else None
     if metric is Metric.REMAP_PENDING:
         return gpu.remap_pending if isinstance(gpu.remap_pending, bool) else None
+    if metric is Metric.NVLINK_DOWN:
+        down = gpu.nvlink_down
+        return float(down) if isinstance(down, int) and not isinstance(down, bool) else None
+    if metric is Metric.FABRIC_DEGRADED:
+        return gpu.fabric_degraded if isinstance(gpu.fabric_degraded, bool) else None
     if metric is Metric.ECC_DBE_VOLATILE:
         dbe = gpu.dbe_volatile
         if isinstance(dbe, bool) or not isinstance(dbe, int) or dbe < 0:

@@ -43,6 +43,8 @@ class Metric(StrEnum):
     REMAP_PENDING = "remap_pending"
     GPU_LOST = "gpu_lost"
     XID = "xid"
+    NVLINK_DOWN = "nvlink_down"  # how many of the GPU's NVLinks are down
+    FABRIC_DEGRADED = "fabric_degraded"  # NVLink fabric joined but not healthy
 
 
 NUMERIC_METRICS = frozenset(
@@ -51,9 +53,12 @@ NUMERIC_METRICS = frozenset(
         Metric.GPU_TEMP_MARGIN_TO_SLOWDOWN_C,
         Metric.GPU_TEMP_MARGIN_TO_SHUTDOWN_C,
         Metric.ECC_DBE_VOLATILE,
+        Metric.NVLINK_DOWN,
     }
 )
-BOOL_METRICS = frozenset({Metric.REMAP_FAILURE, Metric.REMAP_PENDING, Metric.GPU_LOST})
+BOOL_METRICS = frozenset(
+    {Metric.REMAP_FAILURE, Metric.REMAP_PENDING, Metric.GPU_LOST, Metric.FABRIC_DEGRADED}
+)
 #: Metrics a BMC-sourced sample can feed (it has no per-GPU NVML data).
 THERMAL_METRICS = frozenset(
     {

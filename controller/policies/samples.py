@@ -38,6 +38,8 @@ class GpuReading:
     remap_pending: bool | None = None
     xids: tuple[int, ...] = ()
     lost: bool = False
+    nvlink_down: int | None = None  # links down (None: not known)
+    fabric_degraded: bool | None = None  # None: no fabric (HGX) or not joined yet
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,6 +208,9 @@ class SqlStore:
     async def tx(self, fn: Callable[[SqlTx], T]) -> T:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Outcome] = loop.create_future()
+        # Its caller may be gone (cancelled at shutdown) when the writer fails
+        # it: mark the failure seen, so asyncio does not log it as lost.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._queued.append((fn, future))
         if self._drainer is None or self._drainer.done():
             self._drainer = loop.create_task(self._drain(), name="kiln-db-writes")

@@ -21,6 +21,8 @@ def gpu(
     remap_pending: bool | None = False,
     xids: tuple[int, ...] = (),
     lost: bool = False,
+    nvlink_down: int | None = 0,
+    fabric_degraded: bool | None = None,
 ) -> GpuReading:
     return GpuReading(
         index=index,
@@ -32,6 +34,8 @@ def gpu(
         remap_pending=remap_pending,
         xids=xids,
         lost=lost,
+        nvlink_down=nvlink_down,
+        fabric_degraded=fabric_degraded,
     )
 
 

@@ -100,6 +100,26 @@ CASES = [
         [],
         id="bmc-source-cool-nothing",
     ),
+    pytest.param(
+        [agent("n1", t, gpu(0), gpu(1, nvlink_down=2)) for t in (0, 10)],
+        ["notify_job", "drain"],
+        id="nvlinks-down-two-samples-drain",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0), gpu(1, nvlink_down=1))],
+        [],
+        id="nvlink-down-one-sample-not-yet",
+    ),
+    pytest.param(
+        [agent("n1", t, gpu(0, fabric_degraded=True)) for t in (0, 10)],
+        ["notify_job", "drain"],
+        id="fabric-degraded-drains",
+    ),
+    pytest.param(
+        [agent("n1", t, gpu(0, fabric_degraded=None)) for t in (0, 10)],
+        [],
+        id="no-fabric-is-not-degraded",
+    ),
 ]
 
 

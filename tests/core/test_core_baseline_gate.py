@@ -1,0 +1,70 @@
+"""Health between preparations: a ready node whose latest report fails the
+fleet's baseline gate takes no new work (the reason shows with its state),
+and takes work again as soon as a passing report comes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from core_builders import Racks
+
+from controller.core.fleet import Fleet
+from controller.core.health import GpuHealth, HealthReport
+from controller.core.model import AllocationSpec
+from controller.core.states import AllocationState
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def report(*, nvlink_down: tuple[int, ...] = (), dbe: int = 0) -> HealthReport:
+    gpus = tuple(
+        GpuHealth(
+            index=i, temp_c=40.0, nvlink_down=nvlink_down if i == 0 else (), ecc_dbe_volatile=dbe
+        )
+        for i in range(4)
+    )
+    return HealthReport(sampled_at=1.0, gpus=gpus)
+
+
+@contextlib.asynccontextmanager
+async def fleet_of(make: Callable[..., Fleet], **options: object) -> AsyncIterator[Fleet]:
+    fleet = make(**options)
+    async with contextlib.AsyncExitStack() as stack:
+        await Racks(fleet, stack).add(["n1"], rack="r1", domain="n1")
+        yield fleet
+        await fleet.stop()
+
+
+async def test_a_failing_report_holds_a_ready_node_back_until_a_passing_one(
+    make_fleet: Callable[..., Fleet],
+) -> None:
+    async with fleet_of(make_fleet) as f:
+        await f.agent_health("n1", report(nvlink_down=(2,)))
+        node = await f.get_node("n1")
+        assert node.state.value == "ready" and not node.schedulable
+        assert "takes no new work: GPU 0 NVLink(s) down: [2]" in node.state_reason
+        alloc = await f.create_allocation("k", AllocationSpec(nodes=1))
+        assert alloc.state == AllocationState.PENDING
+        assert "failing the health baseline" in alloc.reason
+        await f.agent_health("n1", report())  # the link is back
+        for _ in range(50):  # the pass it asks for runs in the background
+            if (await f.allocations.get(alloc.id)).state == AllocationState.READY:
+                break
+            await asyncio.sleep(0.02)
+        assert (await f.allocations.get(alloc.id)).state == AllocationState.READY
+        assert "takes no new work" not in (await f.get_node("n1")).state_reason
+
+
+async def test_uncorrectable_ecc_holds_back_and_no_gate_means_no_hold(
+    make_fleet: Callable[..., Fleet],
+) -> None:
+    async with fleet_of(make_fleet) as f:
+        await f.agent_health("n1", report(dbe=1))
+        assert "uncorrectable ECC" in (await f.get_node("n1")).state_reason
+        assert not (await f.get_node("n1")).schedulable
+    async with fleet_of(make_fleet, baseline_gate=None) as f:
+        await f.agent_health("n1", report(dbe=1))
+        assert (await f.get_node("n1")).schedulable
