@@ -17,7 +17,9 @@ async def test_poll_power_reads_every_bmc_and_sees_changes_outside_kiln(
 ) -> None:
     async with RedfishEmulator(make_systems(3), username=USER, password=PASSWORD) as emu:
         async with IpmiSim("bmc-ipmi", USER, PASSWORD, power_on=True) as sim:
-            pool = make_pool(call_timeout=2.0, retry=RetryPolicy(attempts=1))
+            # 10 s: a first IPMI session with a just-started ipmi_sim on a busy
+            # machine can take more than 2 (the ghost is refused at once either way).
+            pool = make_pool(call_timeout=10.0, retry=RetryPolicy(attempts=1))
             gateway = PoolGateway(pool)
             try:
                 targets = [
