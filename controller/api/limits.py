@@ -102,6 +102,9 @@ OVERRIDES: Mapping[str, int] = {
     "kiln.v1.CommandResult.changed": 256,
     "kiln.v1.CommandResult.failures": 256,
     "kiln.v1.CommandResult.message": 4096,
+    "kiln.v1.CommandResult.figures_json": 16384,  # a check's measured figures
+    "kiln.v1.RunChecksRequest.nodes": 4096,
+    "kiln.v1.RunChecksRequest.nodes[]": NAME,
 }
 
 

@@ -1,6 +1,7 @@
 """The node state machine (DESIGN.md, "Node lifecycle").
 
     enrolled → inspecting → preparing → ready ⇄ allocated → releasing → ready
+    inspecting | preparing | ready → testing → preparing | ready | quarantined
     any state → draining → (quarantined | powered_off | maintenance)
 
 A transition is legal when it is listed here; moving to the state a node is
@@ -25,6 +26,7 @@ class NodeState(enum.StrEnum):
     QUARANTINED = "quarantined"
     POWERED_OFF = "powered_off"
     MAINTENANCE = "maintenance"
+    TESTING = "testing"  # running a level of the health-check suite
 
 
 class PowerState(enum.StrEnum):
@@ -49,15 +51,16 @@ OPEN = frozenset({AllocationState.PENDING, *HOLDING})
 S = NodeState
 
 # States a controller may find a node in after a crash, and where it resumes.
-TRANSITIONAL = frozenset({S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING})
+TRANSITIONAL = frozenset({S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING, S.TESTING})
 
 OUT_OF_SERVICE = frozenset({S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE})
 
 ALLOWED: dict[NodeState, frozenset[NodeState]] = {
     S.ENROLLED: frozenset({S.INSPECTING}),
-    S.INSPECTING: frozenset({S.PREPARING, S.ENROLLED}),
-    S.PREPARING: frozenset({S.READY, S.ALLOCATED, S.INSPECTING}),
-    S.READY: frozenset({S.ALLOCATED, S.PREPARING, S.INSPECTING}),
+    S.INSPECTING: frozenset({S.PREPARING, S.ENROLLED, S.TESTING}),
+    S.PREPARING: frozenset({S.READY, S.ALLOCATED, S.INSPECTING, S.TESTING}),
+    S.READY: frozenset({S.ALLOCATED, S.PREPARING, S.INSPECTING, S.TESTING}),
+    S.TESTING: frozenset({S.PREPARING, S.READY, S.INSPECTING, S.QUARANTINED}),
     S.ALLOCATED: frozenset({S.RELEASING, S.PREPARING, S.READY}),
     S.RELEASING: frozenset({S.READY, S.PREPARING}),
     S.DRAINING: frozenset({S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE}),

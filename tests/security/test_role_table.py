@@ -55,6 +55,8 @@ def test_who_may_do_what() -> None:
         "ListAllocations",
         "WatchEvents",
         "WhoAmI",
+        "ListChecks",
+        "GetAllocationReport",
     }
     assert not any(FLEET_RULES[n].mutating for n in viewer)
     assert SIMULATION_ONLY == {"/kiln.v1.FleetService/InjectFault"}

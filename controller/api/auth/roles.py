@@ -58,6 +58,8 @@ FLEET_RULES: dict[str, Rule] = {
     "GetAllocation": READ,
     "ListAllocations": READ,
     "WatchEvents": READ,
+    "ListChecks": READ,
+    "GetAllocationReport": READ,
     "WhoAmI": Rule(READERS | {AGENT}),
     # the fleet
     "EnrollNode": _rule(PROVISIONER, ADMIN, mutating=True),
@@ -70,6 +72,8 @@ FLEET_RULES: dict[str, Rule] = {
     # A provisioner releases only its own (Fleet.release checks the owner).
     "ReleaseAllocation": _rule(OPERATOR, PROVISIONER, ADMIN, mutating=True),
     "InjectFault": _rule(OPERATOR, ADMIN, mutating=True),  # simulated fleets only
+    "ClearLeak": _rule(OPERATOR, ADMIN, mutating=True),
+    "RunChecks": _rule(OPERATOR, ADMIN, mutating=True),
     # identity, audit, credentials
     "CreateToken": _rule(ADMIN, mutating=True),
     "ListTokens": _rule(ADMIN),

@@ -52,16 +52,20 @@ class Registered(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., sample_interval_s: _Optional[float] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("id", "apply_profile", "reset_gpus", "inject_fault")
+    __slots__ = ("id", "apply_profile", "reset_gpus", "inject_fault", "run_check", "reset_gpu")
     ID_FIELD_NUMBER: _ClassVar[int]
     APPLY_PROFILE_FIELD_NUMBER: _ClassVar[int]
     RESET_GPUS_FIELD_NUMBER: _ClassVar[int]
     INJECT_FAULT_FIELD_NUMBER: _ClassVar[int]
+    RUN_CHECK_FIELD_NUMBER: _ClassVar[int]
+    RESET_GPU_FIELD_NUMBER: _ClassVar[int]
     id: str
     apply_profile: ApplyProfile
     reset_gpus: ResetGpus
     inject_fault: InjectFault
-    def __init__(self, id: _Optional[str] = ..., apply_profile: _Optional[_Union[ApplyProfile, _Mapping]] = ..., reset_gpus: _Optional[_Union[ResetGpus, _Mapping]] = ..., inject_fault: _Optional[_Union[InjectFault, _Mapping]] = ...) -> None: ...
+    run_check: RunCheck
+    reset_gpu: ResetGpu
+    def __init__(self, id: _Optional[str] = ..., apply_profile: _Optional[_Union[ApplyProfile, _Mapping]] = ..., reset_gpus: _Optional[_Union[ResetGpus, _Mapping]] = ..., inject_fault: _Optional[_Union[InjectFault, _Mapping]] = ..., run_check: _Optional[_Union[RunCheck, _Mapping]] = ..., reset_gpu: _Optional[_Union[ResetGpu, _Mapping]] = ...) -> None: ...
 
 class ApplyProfile(_message.Message):
     __slots__ = ("profile_yaml",)
@@ -79,16 +83,32 @@ class InjectFault(_message.Message):
     fault_json: str
     def __init__(self, fault_json: _Optional[str] = ...) -> None: ...
 
+class RunCheck(_message.Message):
+    __slots__ = ("check_json",)
+    CHECK_JSON_FIELD_NUMBER: _ClassVar[int]
+    check_json: str
+    def __init__(self, check_json: _Optional[str] = ...) -> None: ...
+
+class ResetGpu(_message.Message):
+    __slots__ = ("indices",)
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class CommandResult(_message.Message):
-    __slots__ = ("id", "ok", "changed", "failures", "message")
+    __slots__ = ("id", "ok", "changed", "failures", "message", "figures_json", "duration_s")
     ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_JSON_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
     id: str
     ok: bool
     changed: _containers.RepeatedScalarFieldContainer[str]
     failures: _containers.RepeatedScalarFieldContainer[str]
     message: str
-    def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., changed: _Optional[_Iterable[str]] = ..., failures: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ...) -> None: ...
+    figures_json: str
+    duration_s: float
+    def __init__(self, id: _Optional[str] = ..., ok: _Optional[bool] = ..., changed: _Optional[_Iterable[str]] = ..., failures: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., figures_json: _Optional[str] = ..., duration_s: _Optional[float] = ...) -> None: ...

@@ -48,7 +48,7 @@ ALLOCATION_STATE_RELEASED: AllocationState
 ALLOCATION_STATE_FAILED: AllocationState
 
 class Node(_message.Message):
-    __slots__ = ("name", "rack", "leaf", "spine", "bmc_url", "bmc_username", "state", "state_reason", "power", "bmc_health", "agent_connected", "agent_last_seen", "gpu_model", "gpu_count", "gpus", "nvlink_domain", "allocation", "health", "profile", "updated_at", "schedulable", "agent_cert_expires_at")
+    __slots__ = ("name", "rack", "leaf", "spine", "bmc_url", "bmc_username", "state", "state_reason", "power", "bmc_health", "agent_connected", "agent_last_seen", "gpu_model", "gpu_count", "gpus", "nvlink_domain", "allocation", "health", "profile", "updated_at", "schedulable", "agent_cert_expires_at", "power_block")
     NAME_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     LEAF_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class Node(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     SCHEDULABLE_FIELD_NUMBER: _ClassVar[int]
     AGENT_CERT_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    POWER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     name: str
     rack: str
     leaf: str
@@ -93,7 +94,8 @@ class Node(_message.Message):
     updated_at: float
     schedulable: bool
     agent_cert_expires_at: float
-    def __init__(self, name: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., bmc_url: _Optional[str] = ..., bmc_username: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., state_reason: _Optional[str] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., bmc_health: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., agent_last_seen: _Optional[float] = ..., gpu_model: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., nvlink_domain: _Optional[str] = ..., allocation: _Optional[str] = ..., health: _Optional[_Union[_types_pb2.NodeHealth, _Mapping]] = ..., profile: _Optional[str] = ..., updated_at: _Optional[float] = ..., schedulable: _Optional[bool] = ..., agent_cert_expires_at: _Optional[float] = ...) -> None: ...
+    power_block: str
+    def __init__(self, name: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., bmc_url: _Optional[str] = ..., bmc_username: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., state_reason: _Optional[str] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., bmc_health: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., agent_last_seen: _Optional[float] = ..., gpu_model: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., nvlink_domain: _Optional[str] = ..., allocation: _Optional[str] = ..., health: _Optional[_Union[_types_pb2.NodeHealth, _Mapping]] = ..., profile: _Optional[str] = ..., updated_at: _Optional[float] = ..., schedulable: _Optional[bool] = ..., agent_cert_expires_at: _Optional[float] = ..., power_block: _Optional[str] = ...) -> None: ...
 
 class EnrollNodeRequest(_message.Message):
     __slots__ = ("name", "bmc_url", "username", "password", "rack", "leaf", "spine", "insecure", "ca_bundle", "profile")
@@ -524,3 +526,148 @@ class IssueAgentTokenResponse(_message.Message):
     node: str
     token: str
     def __init__(self, node: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+
+class ClearLeakRequest(_message.Message):
+    __slots__ = ("name", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CheckOutcome(_message.Message):
+    __slots__ = ("name", "kind", "passed", "reason", "duration_s", "figures_json", "baseline_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_JSON_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    passed: bool
+    reason: str
+    duration_s: float
+    figures_json: str
+    baseline_json: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., passed: _Optional[bool] = ..., reason: _Optional[str] = ..., duration_s: _Optional[float] = ..., figures_json: _Optional[str] = ..., baseline_json: _Optional[str] = ...) -> None: ...
+
+class CheckRun(_message.Message):
+    __slots__ = ("node", "level", "trigger", "suite_version", "passed", "started_at", "duration_s", "checks", "reason")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    SUITE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    level: str
+    trigger: str
+    suite_version: str
+    passed: bool
+    started_at: float
+    duration_s: float
+    checks: _containers.RepeatedCompositeFieldContainer[CheckOutcome]
+    reason: str
+    def __init__(self, node: _Optional[str] = ..., level: _Optional[str] = ..., trigger: _Optional[str] = ..., suite_version: _Optional[str] = ..., passed: _Optional[bool] = ..., started_at: _Optional[float] = ..., duration_s: _Optional[float] = ..., checks: _Optional[_Iterable[_Union[CheckOutcome, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RunChecksRequest(_message.Message):
+    __slots__ = ("nodes", "level")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    level: str
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., level: _Optional[str] = ...) -> None: ...
+
+class RunChecksResponse(_message.Message):
+    __slots__ = ("started",)
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    started: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, started: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListChecksRequest(_message.Message):
+    __slots__ = ("node", "limit")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    limit: int
+    def __init__(self, node: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListChecksResponse(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[CheckRun]
+    def __init__(self, runs: _Optional[_Iterable[_Union[CheckRun, _Mapping]]] = ...) -> None: ...
+
+class GetAllocationReportRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GpuJobHealth(_message.Message):
+    __slots__ = ("node", "index", "uuid", "max_temp_c", "throttled_s", "energy_j", "ecc_sbe", "ecc_dbe", "xids", "rows_remapped", "nvlink_errors")
+    class ThrottledSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MAX_TEMP_C_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_S_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    ECC_SBE_FIELD_NUMBER: _ClassVar[int]
+    ECC_DBE_FIELD_NUMBER: _ClassVar[int]
+    XIDS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_REMAPPED_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    index: int
+    uuid: str
+    max_temp_c: float
+    throttled_s: _containers.ScalarMap[str, float]
+    energy_j: float
+    ecc_sbe: int
+    ecc_dbe: int
+    xids: _containers.RepeatedScalarFieldContainer[int]
+    rows_remapped: int
+    nvlink_errors: int
+    def __init__(self, node: _Optional[str] = ..., index: _Optional[int] = ..., uuid: _Optional[str] = ..., max_temp_c: _Optional[float] = ..., throttled_s: _Optional[_Mapping[str, float]] = ..., energy_j: _Optional[float] = ..., ecc_sbe: _Optional[int] = ..., ecc_dbe: _Optional[int] = ..., xids: _Optional[_Iterable[int]] = ..., rows_remapped: _Optional[int] = ..., nvlink_errors: _Optional[int] = ...) -> None: ...
+
+class NodeReplacement(_message.Message):
+    __slots__ = ("failed", "replacement", "at", "reason")
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    REPLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    failed: str
+    replacement: str
+    at: float
+    reason: str
+    def __init__(self, failed: _Optional[str] = ..., replacement: _Optional[str] = ..., at: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AllocationReport(_message.Message):
+    __slots__ = ("allocation", "started_at", "ended_at", "gpus", "replacements", "reports", "partial")
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    REPLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    allocation: str
+    started_at: float
+    ended_at: float
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuJobHealth]
+    replacements: _containers.RepeatedCompositeFieldContainer[NodeReplacement]
+    reports: int
+    partial: bool
+    def __init__(self, allocation: _Optional[str] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuJobHealth, _Mapping]]] = ..., replacements: _Optional[_Iterable[_Union[NodeReplacement, _Mapping]]] = ..., reports: _Optional[int] = ..., partial: _Optional[bool] = ...) -> None: ...

@@ -150,6 +150,26 @@ class FleetServiceStub:
                 request_serializer=kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenRequest.SerializeToString,
                 response_deserializer=kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenResponse.FromString,
                 _registered_method=True)
+        self.ClearLeak = channel.unary_unary(
+                '/kiln.v1.FleetService/ClearLeak',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.ClearLeakRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.Node.FromString,
+                _registered_method=True)
+        self.RunChecks = channel.unary_unary(
+                '/kiln.v1.FleetService/RunChecks',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.RunChecksRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.RunChecksResponse.FromString,
+                _registered_method=True)
+        self.ListChecks = channel.unary_unary(
+                '/kiln.v1.FleetService/ListChecks',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.ListChecksRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.ListChecksResponse.FromString,
+                _registered_method=True)
+        self.GetAllocationReport = channel.unary_unary(
+                '/kiln.v1.FleetService/GetAllocationReport',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.GetAllocationReportRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.AllocationReport.FromString,
+                _registered_method=True)
 
 
 class FleetServiceServicer:
@@ -309,6 +329,36 @@ class FleetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClearLeak(self, request, context):
+        """Coolant leaks: a tray whose leak detector read Critical was powered off
+        and may not be powered on until an operator clears it, after the repair.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunChecks(self, request, context):
+        """Active health checks (see docs/health-checks.md): run a level of the
+        check suite on nodes now, and read a node's check history.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListChecks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAllocationReport(self, request, context):
+        """What an allocation's nodes went through while it held them, stored when
+        it was released.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -426,6 +476,26 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.IssueAgentToken,
                     request_deserializer=kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenRequest.FromString,
                     response_serializer=kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenResponse.SerializeToString,
+            ),
+            'ClearLeak': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearLeak,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.ClearLeakRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.Node.SerializeToString,
+            ),
+            'RunChecks': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunChecks,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.RunChecksRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.RunChecksResponse.SerializeToString,
+            ),
+            'ListChecks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListChecks,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.ListChecksRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.ListChecksResponse.SerializeToString,
+            ),
+            'GetAllocationReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAllocationReport,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.GetAllocationReportRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.AllocationReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1049,6 +1119,114 @@ class FleetService:
             '/kiln.v1.FleetService/IssueAgentToken',
             kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenRequest.SerializeToString,
             kiln_dot_v1_dot_fleet__pb2.IssueAgentTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearLeak(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/ClearLeak',
+            kiln_dot_v1_dot_fleet__pb2.ClearLeakRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunChecks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/RunChecks',
+            kiln_dot_v1_dot_fleet__pb2.RunChecksRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.RunChecksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListChecks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/ListChecks',
+            kiln_dot_v1_dot_fleet__pb2.ListChecksRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.ListChecksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAllocationReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.FleetService/GetAllocationReport',
+            kiln_dot_v1_dot_fleet__pb2.GetAllocationReportRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.AllocationReport.FromString,
             options,
             channel_credentials,
             insecure,

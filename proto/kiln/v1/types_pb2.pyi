@@ -20,6 +20,7 @@ class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATE_QUARANTINED: _ClassVar[NodeState]
     NODE_STATE_POWERED_OFF: _ClassVar[NodeState]
     NODE_STATE_MAINTENANCE: _ClassVar[NodeState]
+    NODE_STATE_TESTING: _ClassVar[NodeState]
 
 class PowerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -48,6 +49,7 @@ NODE_STATE_DRAINING: NodeState
 NODE_STATE_QUARANTINED: NodeState
 NODE_STATE_POWERED_OFF: NodeState
 NODE_STATE_MAINTENANCE: NodeState
+NODE_STATE_TESTING: NodeState
 POWER_STATE_UNSPECIFIED: PowerState
 POWER_STATE_ON: PowerState
 POWER_STATE_OFF: PowerState
