@@ -17,7 +17,9 @@ import asyncio
 import json
 import logging
 import random
+import shutil
 import socket
+import subprocess
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -77,6 +79,23 @@ def health_pb(health: NodeHealth, sampled_at: float) -> types_pb2.NodeHealth:
         fields: dict[str, Any] = {k: v for k, v in asdict(gpu).items() if v is not None}
         msg.gpus.append(types_pb2.GpuHealth(**fields))
     return msg
+
+
+def reset_with_nvidia_smi(index: int, timeout: float = 120.0) -> None:
+    """``nvidia-smi --gpu-reset -i N``; RuntimeError with its words when it fails."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        raise RuntimeError("nvidia-smi is not installed, and NVML has no reset call")
+    done = subprocess.run(
+        [tool, "--gpu-reset", "-i", str(index)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        words = (done.stderr or done.stdout).strip().splitlines()
+        raise RuntimeError(words[-1] if words else f"nvidia-smi exited {done.returncode}")
 
 
 def result_pb(command_id: str, result: ApplyResult) -> agent_pb2.AgentMessage:
@@ -397,6 +416,8 @@ class Agent:
             return await asyncio.to_thread(reset_to_defaults, self.nvml, reset_gpu=self._reset_gpu)
         if kind == "inject_fault":
             return await self._inject(command.inject_fault.fault_json)
+        if kind == "reset_gpu":
+            return await asyncio.to_thread(self._reset_gpus, list(command.reset_gpu.indices))
         return ApplyResult(ok=False, changed=[], failures=[f"unknown command {kind}"])
 
     async def _apply(self, profile_yaml: str) -> ApplyResult:
@@ -411,6 +432,28 @@ class Agent:
         # so drift repair never re-applies settings the controller did not accept.
         self._profile = profile if result.ok else None
         return result
+
+    def _reset_gpus(self, indices: list[int]) -> ApplyResult:
+        """Reset each GPU (what its recovery action asks for): the simulated
+        GPU's own reset, else ``nvidia-smi --gpu-reset`` (NVML has no reset
+        call). A GPU still in use is not reset and is named."""
+        if not indices:
+            return ApplyResult(ok=False, changed=[], failures=["no GPU named to reset"])
+        changed: list[str] = []
+        failures: list[str] = []
+        for index in indices:
+            try:
+                if self._reset_gpu is not None:
+                    self._reset_gpu(index)
+                else:
+                    reset_with_nvidia_smi(index)
+            except pynvml.NVMLError as e:
+                failures.append(f"GPU {index}: reset failed: {e}")
+            except (OSError, RuntimeError) as e:
+                failures.append(f"GPU {index}: reset failed: {e}")
+            else:
+                changed.append(f"GPU {index}: reset")
+        return ApplyResult(ok=not failures, changed=changed, failures=failures)
 
     async def _inject(self, fault_json: str) -> ApplyResult:
         faults = getattr(self.nvml, "faults", None)

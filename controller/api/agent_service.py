@@ -13,6 +13,7 @@ as Unavailable.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -39,6 +40,10 @@ def command_pb(command_id: str, command: AgentCommand) -> agent_pb2.ControllerMe
         msg.reset_gpus.SetInParent()
     elif command.kind == "inject_fault":
         msg.inject_fault.fault_json = command.payload
+    elif command.kind == "run_check":
+        msg.run_check.check_json = command.payload
+    elif command.kind == "reset_gpu":
+        msg.reset_gpu.indices.extend(int(i) for i in json.loads(command.payload))
     else:
         raise ValueError(f"unknown agent command {command.kind!r}")
     return agent_pb2.ControllerMessage(command=msg)
@@ -124,6 +129,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                             changed=tuple(r.changed),
                             failures=tuple(r.failures),
                             message=r.message,
+                            figures_json=r.figures_json,
+                            duration_s=r.duration_s,
                         ),
                     )
         except KilnError as e:

@@ -26,5 +26,10 @@ class EventKind(StrEnum):
     ALLOCATION_NODE_REPLACED = "allocation.node_replaced"
     ALLOCATION_DEGRADED = "allocation.degraded"
     ALLOCATION_RELEASED = "allocation.released"
+    ALLOCATION_HEALTH_REPORT = "allocation.health_report"
+    NODE_CHECK = "node.check"  # a run of the health-check suite ended
+    NODE_LEAK = "node.leak"  # a leak detector's state changed
+    NODE_LEAK_CLEARED = "node.leak_cleared"
+    RACK_ISOLATION_REQUESTED = "rack.isolation_requested"
     POLICY_ACTION = "policy.action"
     AUDIT_CALL = "audit.call"

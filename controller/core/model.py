@@ -159,7 +159,9 @@ class PowerResult:
 
 @dataclass(frozen=True)
 class AgentCommand:
-    """A command for a node's agent: apply_profile, reset_gpus or inject_fault."""
+    """A command for a node's agent: apply_profile, reset_gpus, inject_fault,
+    run_check (payload: the check as JSON) or reset_gpu (payload: a JSON list
+    of GPU indices)."""
 
     kind: str
     payload: str = ""
@@ -171,6 +173,8 @@ class CommandOutcome:
     changed: tuple[str, ...] = ()
     failures: tuple[str, ...] = ()
     message: str = ""
+    figures_json: str = ""  # run_check: what the check measured
+    duration_s: float = 0.0  # run_check: how long it ran on the node
 
 
 def short_gpu_model(nvml_name: str) -> str:
