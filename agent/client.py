@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import pynvml
 
+from agent.checks import run_check
 from agent.gpu_inventory import NodeInventory, read_inventory
 from agent.health import HealthSampler, NodeHealth
 from agent.metrics import AgentMetrics
@@ -96,6 +97,14 @@ def reset_with_nvidia_smi(index: int, timeout: float = 120.0) -> None:
     if done.returncode != 0:
         words = (done.stderr or done.stdout).strip().splitlines()
         raise RuntimeError(words[-1] if words else f"nvidia-smi exited {done.returncode}")
+
+
+def _figures_json(figures: dict[str, Any], limit: int = 16384) -> str:
+    """A check's figures as JSON, within what the controller accepts."""
+    text = json.dumps(figures)
+    if len(text) > limit:
+        return json.dumps({"truncated": f"{len(text)} characters of figures"})
+    return text
 
 
 def result_pb(command_id: str, result: ApplyResult) -> agent_pb2.AgentMessage:
@@ -398,6 +407,9 @@ class Agent:
         self, command: agent_pb2.Command, outbox: asyncio.Queue[agent_pb2.AgentMessage | None]
     ) -> None:
         kind = command.WhichOneof("kind")
+        if kind == "run_check":
+            await outbox.put(await self._check(command))
+            return
         try:
             async with self._gpu_lock:  # one change to the GPUs at a time
                 result = await self._run_command(command, kind)
@@ -432,6 +444,35 @@ class Agent:
         # so drift repair never re-applies settings the controller did not accept.
         self._profile = profile if result.ok else None
         return result
+
+    async def _check(self, command: agent_pb2.Command) -> agent_pb2.AgentMessage:
+        """Run one check of the suite (the GPUs held for it: no profile change meanwhile)."""
+        try:
+            spec = json.loads(command.run_check.check_json)
+            if not isinstance(spec, dict):
+                raise ValueError("a check is a JSON object")
+        except ValueError as e:
+            bad = ApplyResult(ok=False, changed=[], failures=[f"bad check: {e}"])
+            return result_pb(command.id, bad)
+        async with self._gpu_lock:
+            gpus = len(self.last_health.gpus) if self.last_health is not None else 0
+            result = await run_check(spec, self.nvml, gpus=gpus)
+        log.info(
+            "node %s: check %s %s in %.1fs",
+            self.node_name,
+            spec.get("name", "?"),
+            "passed" if result.ok else "failed",
+            result.duration_s,
+        )
+        return agent_pb2.AgentMessage(
+            result=agent_pb2.CommandResult(
+                id=command.id,
+                ok=result.ok,
+                failures=result.failures[:64],
+                figures_json=_figures_json(result.figures),
+                duration_s=result.duration_s,
+            )
+        )
 
     def _reset_gpus(self, indices: list[int]) -> ApplyResult:
         """Reset each GPU (what its recovery action asks for): the simulated

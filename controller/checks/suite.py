@@ -151,7 +151,7 @@ def judge(
 def _judge_bandwidth(spec: CheckSpec, gpu_model: str, figures: Mapping[str, Any]) -> Verdict:
     floor = spec.min_gbps.get(gpu_model, spec.min_gbps.get("", 0.0))
     baseline = {"min_gbps": floor, "gpu_model": gpu_model}
-    per_gpu = figures.get("gpu_min_gbps")
+    per_gpu = figures.get("gpu_gbps")
     if not isinstance(per_gpu, Mapping) or not per_gpu:
         return Verdict(False, f"{spec.name}: no per-GPU bandwidth in the output", baseline)
     slow = [
