@@ -13,10 +13,17 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
+from controller.checks import Suite
 from controller.core.agents import AgentHub, AgentSession
 from controller.core.allocations import Allocations
 from controller.core.audit import AuditEntry, AuditLog
-from controller.core.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from controller.core.checks import CheckRunInfo, CheckRunner
+from controller.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from controller.core.eventlog import EventLog
 from controller.core.health import HealthReport
 from controller.core.health_policy import PolicyRunner
@@ -101,7 +108,10 @@ class Fleet:
         max_reports_per_second: float = DEFAULT_MAX_REPORTS_PER_SECOND,
         meter: Meter | None = None,
         baseline_gate: HealthGate | None = BASELINE_GATE,
+        checks: Suite | None = None,
     ) -> None:
+        """``checks``: the health-check suite (``controller.checks``); None
+        runs no checks, and RunChecks is refused."""
         self.store = store
         self.meter: Meter = meter or NullMeter()
         self.bmc = bmc
@@ -111,6 +121,11 @@ class Fleet:
         self.live = LiveHealth(store, flush_interval=health_flush_interval)
         self.nodes = Nodes(store, bmc, self.agents, self.live, baseline_gate=baseline_gate)
         self.allocations = Allocations(store, self.nodes, queues=queues, meter=self.meter)
+        self.checks = (
+            CheckRunner(store, self.nodes, self.agents, checks, on_done=self._checked)
+            if checks is not None
+            else None
+        )
         self.lifecycle = Lifecycle(
             store,
             self.nodes,
@@ -121,6 +136,7 @@ class Fleet:
             self.allocations.node_failed,
             interval=reconcile_interval,
             preparer=Preparer(bmc, prep_limits),
+            checks=self.checks,
         )
         self.policies = PolicyRunner(
             store,
@@ -159,11 +175,15 @@ class Fleet:
         self._loops.spawn(self.lifecycle.run(), name="kiln-lifecycle")
         self._loops.spawn(self.policies.run(), name="kiln-policies")
         self._loops.spawn(self.power_sync.run(), name="kiln-power-sync")
+        if self.checks is not None:
+            self._loops.spawn(self.checks.run(), name="kiln-periodic-checks")
 
     async def stop(self) -> None:
         await self._loops.stop()
         await self._background.stop()
         await self.lifecycle.stop()
+        if self.checks is not None:
+            await self.checks.stop()
         await self.policies.stop()
         await self.live.stop()  # the last samples written
 
@@ -254,11 +274,50 @@ class Fleet:
         await self.nodes.remove(name, reason or "removed by operator")
         self.policies.forget(name)
         self.lifecycle.forget(name)
+        if self.checks is not None:
+            self.checks.forget(name)
         self.live.forget(name)
         self.agents.drop(name)
         self.tokens.invalidate()  # its agent's tokens are gone: no cached one still works
         await self.allocations.schedule_pass()  # a request may never fit now: say so
         return allocation
+
+    # -- health checks ------------------------------------------------------------
+
+    def _checked(self, node: str) -> None:
+        """A run of checks ended and moved the node: step it now."""
+        self.lifecycle.poke(node)
+
+    def _check_runner(self) -> CheckRunner:
+        if self.checks is None:
+            raise FailedPrecondition(
+                "this controller runs no health checks (start it with a check suite)"
+            )
+        return self.checks
+
+    async def run_checks(
+        self, nodes: Sequence[str], *, rack: str = "", level: str = ""
+    ) -> list[str]:
+        """Run a level of the suite now on ready, idle nodes (or every node of
+        ``rack``), all together; returns the nodes now testing.
+
+        Raises InvalidArgument, NotFound, FailedPrecondition (no suite, or a
+        node not ready and idle).
+        """
+        runner = self._check_runner()
+        names = list(nodes)
+        if rack:
+            names += [n.name for n in await self.nodes.query(rack=rack)]
+            if not names:
+                raise NotFound(f"no nodes in rack {rack!r}")
+        return await runner.run_now(names, level)
+
+    async def list_checks(self, node: str, *, limit: int = 0) -> list[CheckRunInfo]:
+        """The node's check runs, newest last (none when no suite runs)."""
+        if self.checks is None:
+            await self.nodes.get(node)
+            return []
+        return await self.checks.history(node, limit)
 
     async def export_topology(self, fmt: TopologyFormat) -> str:
         topology = await self.allocations.topology()

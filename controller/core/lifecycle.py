@@ -11,6 +11,12 @@ Each pass looks at every node and takes the one next step its state calls for:
                               at once, any other is retried with exponential
                               backoff per node and quarantines after
                               ``RetryPolicy.max_attempts`` attempts
+    inspecting → testing      instead, when the check suite gates intake (a node
+                              that never passed a run) or repair (one that
+                              did): ``CheckRunner`` runs the level and moves
+                              it to preparing, or quarantines it
+    testing    → (its run)    a node found testing with no run in flight (the
+                              controller restarted) runs its level again
     releasing  → ready        once the agent reset the GPUs; preparing when the
                               GPUs' state is unknown (no agent); a reset the
                               agent could not finish quarantines, with its reasons
@@ -43,6 +49,7 @@ from dataclasses import dataclass
 
 from controller.core.agents import AgentHub
 from controller.core.allocations import mark_ready_if_prepared
+from controller.core.checks import CheckRunner, testing_reason
 from controller.core.errors import InvalidArgument, KilnError, NotFound, NotSupported
 from controller.core.model import AgentCommand
 from controller.core.nodes import Nodes
@@ -90,7 +97,7 @@ def _steady(reason: str) -> str:
 
 
 # The states a pass reads: each calls for a step.
-STEPPING = (S.ENROLLED, S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING)
+STEPPING = (S.ENROLLED, S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING, S.TESTING)
 
 
 @dataclass(frozen=True)
@@ -138,8 +145,12 @@ class Lifecycle:
         step_backoff: StepBackoff | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        checks: CheckRunner | None = None,
     ) -> None:
+        """``checks``: the health-check runner; None runs no checks (a node
+        goes from inspection straight to preparation)."""
         self._store = store
+        self._checks = checks
         self._nodes = nodes
         self._agents = agents
         self._bmc = bmc
@@ -280,6 +291,13 @@ class Lifecycle:
             return await self._prepare(row)
         if state == S.RELEASING:
             return await self._release(row)
+        if state == S.TESTING:
+            if self._checks is None:  # a suite was configured before a restart
+                await self._move(row.name, S.PREPARING, "no check suite configured")
+                return await self._prepare(await self._row(row.name))
+            self._checks.resume(row)  # a run in flight stays; the run's end pokes it
+            self._back_off(row, idle=True)
+            return False
         if state == S.DRAINING and row.allocation_id and row.drain_target in FAILED:
             # A failed node still held by its job (a restart came between the
             # failure and its replacement): replace it now. Idempotent.
@@ -302,6 +320,13 @@ class Lifecycle:
             await self._note(row.name, "powered on; waiting for the node's agent to register")
             self._back_off(row, idle=True)  # its registration pokes the node
             return False
+        if self._checks is not None:
+            passed_before = await self._checks.ever_passed(row.name)
+            level, trigger = self._checks.gate_level(passed_before=passed_before)
+            if level:
+                await self._move(row.name, S.TESTING, testing_reason(level, trigger))
+                self._checks.start(row, level, trigger)
+                return False
         await self._move(row.name, S.PREPARING, f"inspected: {row.gpu_count} GPUs")
         return await self._prepare(await self._row(row.name))
 
@@ -378,6 +403,10 @@ class Lifecycle:
             raise PreparationFailed(reason)
         if profile is not None and profile.health_gate is not None:
             await self._health_gate(row.name, profile.health_gate, started)
+        if profile is not None and profile.checks and self._checks is not None:
+            run = await self._checks.run_inline(row, profile.checks, "hand_off")
+            if not run.passed:
+                raise PreparationFailed(f"check failed before hand-off: {run.reason}")
         changed += outcome.changed
 
         def write(tx: Tx) -> bool:

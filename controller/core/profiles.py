@@ -23,7 +23,10 @@ import yaml
 
 from controller.core.errors import InvalidArgument, NotFound
 
-KNOWN_KEYS = frozenset({"version", "name", "description", "gpu", "firmware", "bios", "health_gate"})
+KNOWN_KEYS = frozenset(
+    {"version", "name", "description", "gpu", "firmware", "bios", "health_gate", "checks"}
+)
+CHECK_LEVELS = ("quick", "medium", "long")  # controller.checks.LEVELS
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Profile:
     firmware: tuple[FirmwareTarget, ...] = ()
     bios: dict[str, Any] = field(default_factory=dict)
     health_gate: HealthGate | None = None
+    checks: str = ""  # a level of the check suite to pass before hand-off ("" none)
 
     def gpu_yaml(self) -> str:
         body = {"version": "v1", "name": self.name, **self.gpu}
@@ -83,9 +87,20 @@ def parse_profile(data: Any, origin: str) -> Profile:
         firmware=parse_firmware(data.get("firmware"), origin),
         bios=parse_bios(data.get("bios"), origin),
         health_gate=parse_gate(data.get("health_gate"), origin),
+        checks=parse_checks(data.get("checks"), origin),
     )
     validate_gpu_section(profile, origin)
     return profile
+
+
+def parse_checks(data: Any, origin: str) -> str:
+    if data in (None, ""):
+        return ""
+    if data not in CHECK_LEVELS:
+        raise InvalidArgument(
+            f"{origin}: checks: {data!r} is not a check level ({', '.join(CHECK_LEVELS)})"
+        )
+    return str(data)
 
 
 def parse_firmware(data: Any, origin: str) -> tuple[FirmwareTarget, ...]:
