@@ -30,6 +30,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from controller.api.limits import DEFAULT_MAX_STREAMS, DEFAULT_RATE
+from controller.checks import Suite, load_default_suite, load_suite
 from controller.core.errors import InvalidArgument, KilnError
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
@@ -159,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="health policy rules (YAML; default: the built-in rules)",
+    )
+    p.add_argument(
+        "--checks",
+        default="default",
+        metavar="FILE|default|off",
+        help="health-check suite (YAML, see docs/health-checks.md): intake and repair "
+        "burn-in and periodic checks; 'default' the built-in suite, 'off' none "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--queues",
@@ -368,6 +377,7 @@ def parse(argv: list[str] | None = None) -> Options:
         queues=load_queue_file(args.queues),
         rules_file=args.rules,
         rules=load_rule_file(args.rules),
+        checks=load_check_suite(args.checks),
         sample_interval=args.sample_interval,
         health_flush_interval=args.health_flush_interval,
         max_health_reports_per_second=args.max_health_reports_per_second,
@@ -448,6 +458,20 @@ def load_queue_file(path: Path | None) -> list[QueueConfig]:
         return load_queues(path, origin=f"{path.name} (--queues)")
     except InvalidArgument as e:
         raise OptionError(str(e)) from e
+
+
+def load_check_suite(value: str) -> Suite | None:
+    """``--checks``: a suite file, the built-in one ("default"), or none ("off")."""
+    if value == "off":
+        return None
+    if value == "default":
+        return load_default_suite()
+    path = Path(value)
+    text = read_text("--checks", path)
+    try:
+        return load_suite(text)
+    except InvalidArgument as e:
+        raise OptionError.file("--checks", path.name, str(e)) from e
 
 
 def load_rule_file(path: Path | None) -> RuleSet | None:

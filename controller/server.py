@@ -46,6 +46,7 @@ from controller.api.limits import (
 )
 from controller.bmc.gateway import PoolGateway
 from controller.bmc.pool import BmcPool
+from controller.checks import Suite
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
@@ -191,6 +192,7 @@ class ControllerConfig:
     profiles: ProfileCatalog | None = field(default=None, repr=False)
     rules: RuleSet | None = field(default=None, repr=False)  # None: rules_file or defaults
     rules_file: Path | None = None
+    checks: Suite | None = field(default=None, repr=False)  # None: no health checks
     mqtt: str | None = None  # HOST:PORT of the MQTT broker events go to
     http_listen: str | None = None  # HOST:PORT of /metrics (None: not served)
     mqtt_access: BrokerAccess | None = None  # its credentials and TLS (None: anonymous, plain)
@@ -347,6 +349,7 @@ class ControllerServer:
             health_flush_interval=cfg.health_flush_interval,
             max_reports_per_second=cfg.max_health_reports_per_second,
             meter=self.metrics.meter,
+            checks=cfg.checks,
         )
         if cfg.mqtt:
             host, _, port = cfg.mqtt.rpartition(":")

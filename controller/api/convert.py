@@ -7,6 +7,7 @@ import json
 import math
 
 from controller.core.audit import AuditEntry
+from controller.core.checks import CheckRunInfo
 from controller.core.errors import InvalidArgument
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.identity import TokenInfo
@@ -250,6 +251,31 @@ def spec_pb(s: AllocationSpec) -> fleet_pb2.AllocationSpec:
     return fleet_pb2.AllocationSpec(
         topology=TOPOLOGY_PB.get(s.topology, fleet_pb2.TOPOLOGY_LEVEL_ANY),
         **{n: getattr(s, n) for n in SPEC_FIELDS},
+    )
+
+
+def check_run_pb(run: CheckRunInfo) -> fleet_pb2.CheckRun:
+    return fleet_pb2.CheckRun(
+        node=run.node,
+        level=run.level,
+        trigger=run.trigger,
+        suite_version=run.suite_version,
+        passed=run.passed,
+        started_at=run.started_at,
+        duration_s=run.duration_s,
+        reason=run.reason,
+        checks=[
+            fleet_pb2.CheckOutcome(
+                name=c.name,
+                kind=c.kind,
+                passed=c.passed,
+                reason=c.reason,
+                duration_s=c.duration_s,
+                figures_json=json.dumps(c.figures),
+                baseline_json=json.dumps(c.baseline),
+            )
+            for c in run.checks
+        ],
     )
 
 

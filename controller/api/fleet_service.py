@@ -112,6 +112,22 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         return fleet_pb2.RemoveNodeResponse(name=request.name, allocation=allocation)
 
     @unary
+    async def RunChecks(
+        self, request: fleet_pb2.RunChecksRequest, context: Ctx
+    ) -> fleet_pb2.RunChecksResponse:
+        started = await self._fleet.run_checks(
+            list(request.nodes), rack=request.rack, level=request.level
+        )
+        return fleet_pb2.RunChecksResponse(started=started)
+
+    @unary
+    async def ListChecks(
+        self, request: fleet_pb2.ListChecksRequest, context: Ctx
+    ) -> fleet_pb2.ListChecksResponse:
+        runs = await self._fleet.list_checks(request.node, limit=request.limit)
+        return fleet_pb2.ListChecksResponse(runs=[convert.check_run_pb(r) for r in runs])
+
+    @unary
     async def UndrainNode(
         self, request: fleet_pb2.UndrainNodeRequest, context: Ctx
     ) -> fleet_pb2.Node:

@@ -576,12 +576,14 @@ class CheckRun(_message.Message):
     def __init__(self, node: _Optional[str] = ..., level: _Optional[str] = ..., trigger: _Optional[str] = ..., suite_version: _Optional[str] = ..., passed: _Optional[bool] = ..., started_at: _Optional[float] = ..., duration_s: _Optional[float] = ..., checks: _Optional[_Iterable[_Union[CheckOutcome, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RunChecksRequest(_message.Message):
-    __slots__ = ("nodes", "level")
+    __slots__ = ("nodes", "level", "rack")
     NODES_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedScalarFieldContainer[str]
     level: str
-    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., level: _Optional[str] = ...) -> None: ...
+    rack: str
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., level: _Optional[str] = ..., rack: _Optional[str] = ...) -> None: ...
 
 class RunChecksResponse(_message.Message):
     __slots__ = ("started",)
