@@ -5,6 +5,11 @@ fit is refused and nothing is stored), persisted as pending, and then every
 scheduling pass asks the pure placement engine what to admit. Admission books
 the chosen nodes in the same transaction that marks the allocation ready, so a
 node is never in two allocations, even across a controller restart.
+
+While an allocation holds nodes, their health reports are tallied
+(``controller/core/job_health.py``); its release writes the tally as an
+``allocation.health_report`` event in the release's own transaction, and
+``report`` reads it back.
 """
 
 from __future__ import annotations
@@ -27,6 +32,14 @@ from controller.core.errors import (
     NotFound,
 )
 from controller.core.eventlog import record
+from controller.core.health import HealthReport
+from controller.core.job_health import (
+    HELD_STATES,
+    AllocationReport,
+    JobHealth,
+    record_report,
+    stored_report,
+)
 from controller.core.kinds import EventKind
 from controller.core.meter import Meter, NullMeter
 from controller.core.model import AllocationInfo, AllocationSpec
@@ -189,6 +202,16 @@ class Allocations:
         self._fits_inventory = -1
         self._asked = 0  # schedule passes asked for, and covered by a finished pass
         self._passed = 0
+        # What held nodes went through, per allocation (``report``).
+        self.job_health = JobHealth()
+        nodes.live.listen(self._observe)
+
+    def _observe(self, node: str, health: HealthReport, at: float) -> None:
+        """A node's report landed: tally it if an allocation holds the node.
+        On every agent's every report: a dict lookup unless the node is held."""
+        held = self._nodes.view.get(node)
+        if held is not None and held.allocation_id and held.state in HELD_STATES:
+            self.job_health.observe(held.allocation_id, node, health, at)
 
     async def get(self, ident: str) -> AllocationInfo:
         """By id or idempotency key. Raises NotFound."""
@@ -337,13 +360,18 @@ class Allocations:
         """Give the allocation's nodes back (or cancel it while pending).
 
         Idempotent: releasing a released allocation returns it unchanged.
+        Its health report (``report``) is recorded in the same transaction,
+        from the tally taken just before it (a report landing in between
+        is not counted).
         """
         info = await self.get(ident)
+        taken = self.job_health.snapshot(info.id)
 
-        def write(tx: Tx) -> None:
+        def write(tx: Tx) -> bool:
             alloc = tx.allocations.get(info.id)
             if alloc is None or alloc.state in (A.RELEASED, A.FAILED):
-                return
+                return False
+            held = alloc.state in HOLDING
             for node in tx.nodes.held_by(alloc.id):
                 node.allocation_id = ""
                 # Still preparing for the allocation: go to the node's own baseline.
@@ -362,10 +390,32 @@ class Allocations:
                 reason="released",
                 nodes=alloc.nodes,
             )
+            record_report(tx, alloc, taken, held=held, tracking_since=self.job_health.started_at)
+            return True
 
-        await self._store.tx(write)
+        if await self._store.tx(write):
+            self.job_health.close(info.id)
         await self.schedule_pass()
         return await self.get(info.id)
+
+    async def report(self, ident: str) -> AllocationReport:
+        """The health report of a released allocation (by id or idempotency key).
+
+        Raises:
+            NotFound: no such allocation, or it was released before Kiln wrote
+                health reports.
+            FailedPrecondition: it is still pending or held (the report is
+                written when it is released), or it was refused and never held
+                a node.
+        """
+
+        def query(tx: Tx) -> AllocationReport:
+            alloc = tx.allocations.get(ident) or tx.allocations.by_key(ident)
+            if alloc is None:
+                raise NotFound(kind="allocation", name=ident)
+            return stored_report(tx, alloc)
+
+        return await self._store.read(query)
 
     async def schedule_pass(self) -> None:
         """Admit what fits now, in queue order; note why the rest waits.
@@ -396,8 +446,11 @@ class Allocations:
         specs = {p.id: p.spec for p in pending}
         waiting, rejected = self._verdicts(result.waiting, result.rejected, specs, nodes)
         waits = await self._store.tx(lambda tx: self._apply(tx, result.admitted, waiting, rejected))
+        admitted_at = time.time()
+        for ident in waits:
+            self.job_health.admitted(ident, admitted_at)
         self._meter.placement(time.monotonic() - started)
-        for waited in waits:
+        for waited in waits.values():
             self._meter.admitted(waited)
 
     def _verdicts(
@@ -443,11 +496,11 @@ class Allocations:
         admitted: dict[str, Placement],
         waiting: dict[str, str],
         rejected: dict[str, str],
-    ) -> list[float]:
+    ) -> dict[str, float]:
         """Book what was admitted and note the verdicts; returns how long
-        each admitted allocation waited."""
+        each admitted allocation waited, by id."""
         now = time.time()
-        waits = []
+        waits: dict[str, float] = {}
         for ident, placement in admitted.items():
             alloc = tx.allocations.get(ident)
             if alloc is None or alloc.state != A.PENDING:
@@ -489,7 +542,7 @@ class Allocations:
                 **extra,
             )
             tx.allocations.save(alloc)
-            waits.append(max(0.0, now - alloc.created_at))
+            waits[ident] = max(0.0, now - alloc.created_at)
             log.info("allocation %s: %s on %s", ident, alloc.state, ",".join(placement.nodes))
         for ident, reason in waiting.items():
             alloc = tx.allocations.get(ident)
@@ -534,6 +587,7 @@ class Allocations:
             await self._store.tx(
                 lambda tx: self._apply_replacement(tx, holder.id, booking, node, outcome, reason)
             )
+            self.job_health.left(node)  # its figures so far stay with the allocation
 
     def _apply_replacement(
         self,

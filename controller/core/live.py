@@ -15,6 +15,12 @@ transactional where they happen (a report that carries drift records its
 
 ``pressure`` says how far behind the write-behind is (samples waiting vs the
 batch it writes per flush), for the backpressure the agent service applies.
+
+``listen`` adds a function told of every report as it lands (not of a bare
+sighting), on the event loop, e.g. the per-allocation health tallies
+(``controller/core/job_health.py``). A listener runs on the hot path of every
+agent's every report: it must be cheap and must not block; one that raises
+is logged and does not stop the report from landing.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ DEFAULT_FLUSH_INTERVAL = 5.0  # seconds: the most samples a crash loses
 DEFAULT_BATCH = 2000  # nodes per bulk UPDATE (one transaction each)
 HISTORY = 60  # recent (time, hottest GPU °C) points kept per node, for the dashboard
 
+# Told of each report: (node, report, when it arrived, controller clock).
+HealthListener = Callable[[str, HealthReport, float], None]
+
 
 class LiveHealth:
     """Latest health and agent sightings per node; see the module docstring."""
@@ -66,6 +75,8 @@ class LiveHealth:
         self._task: asyncio.Task[None] | None = None
         self.flushed = 0  # samples written since start
         self._failing = False
+        self._listeners: list[HealthListener] = []
+        self._listener_failures = 0  # reports a listener raised on
 
     # -- the hot path ----------------------------------------------------------
 
@@ -74,7 +85,13 @@ class LiveHealth:
         e.g. a registration, which keeps the last report)."""
         at = self._clock() if seen_at is None else seen_at
         previous = self._latest.get(node)
-        if health is None and previous is not None:
+        if health is not None:
+            for listener in self._listeners:
+                try:
+                    listener(node, health, at)
+                except Exception:
+                    self._listener_failed(node)
+        elif previous is not None:
             health = previous.health
         # A sample without a report keeps the stored one (save_health_batch).
         self._latest[node] = HealthSample(node, health, at)
@@ -86,6 +103,16 @@ class LiveHealth:
                 if points is None:
                     points = self._history[node] = deque(maxlen=HISTORY)
                 points.append((health.sampled_at or at, hottest))
+
+    def listen(self, listener: HealthListener) -> None:
+        """Tell ``listener`` of every report from now on (see the module docstring)."""
+        self._listeners.append(listener)
+
+    def _listener_failed(self, node: str) -> None:
+        self._listener_failures += 1
+        failures = self._listener_failures
+        if failures == 1 or failures % 10000 == 0:  # a bug, not a flood of logs
+            log.exception("node %s: a health listener failed (%d reports so far)", node, failures)
 
     def forget(self, node: str) -> None:
         """Drop a removed node's samples (a pending one is not written)."""
