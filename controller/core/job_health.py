@@ -287,8 +287,9 @@ class _GpuTally:
         if n > self.last_dbe_a:
             self.dbe_a += n - self.last_dbe_a
         self.last_dbe_a = n
-        remap = _remapped(g)
-        if remap is not None:
+        corr, unc = g.remap_correctable, g.remap_uncorrectable
+        if corr is not None or unc is not None:  # not read under MIG
+            remap = (corr or 0) + (unc or 0)
             last = self.last_remap
             if last is not None and remap > last:
                 self.remap += remap - last
