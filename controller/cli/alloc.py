@@ -1,4 +1,5 @@
-"""``kiln alloc``: create (optionally wait for), list, show and release allocations."""
+"""``kiln alloc``: create (optionally wait for), list, show and release
+allocations, and read a released one's health report."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from controller.cli.output import (
     emit,
     emit_json,
     emit_table,
+    fmt_duration,
     fmt_list,
+    fmt_opt,
     fmt_time,
     fmt_when,
     render_fields,
@@ -105,6 +108,12 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("release", help="give an allocation's nodes back")
     p.add_argument("id")
     p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser(
+        "report", help="what a released allocation's GPUs went through while it held them"
+    )
+    p.add_argument("id")
+    p.set_defaults(func=cmd_report)
 
 
 def build_spec(args: argparse.Namespace) -> Any:
@@ -204,6 +213,18 @@ def cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    with connect(args) as session:
+        report = session.stub.GetAllocationReport(
+            fleet_pb2.GetAllocationReportRequest(id=args.id), timeout=session.timeout
+        )
+        if session.json:
+            emit_json(report)
+        else:
+            emit(report_text(report))
+    return 0
+
+
 def _exists(session: Session, key: str) -> bool:
     """Whether an allocation already has idempotency key ``key``."""
     import grpc  # with the connection (see controller.cli.client)
@@ -283,3 +304,103 @@ def allocation_detail(alloc: Any) -> str:
         ("updated", fmt_when(alloc.updated_at)),
     ]
     return render_fields(fields)
+
+
+# Throttle reasons in the order a report lists them (the API's map keys).
+THROTTLE_ORDER = (
+    "hw_thermal",
+    "hw_slowdown",
+    "sw_thermal",
+    "hw_power_brake",
+    "sw_power_cap",
+    "sync_boost",
+)
+_KWH_J = 3.6e6
+
+
+def fmt_energy(joules: float) -> str:
+    """``950 J``, ``12.3 kJ``, ``4.56 kWh``: kJ under a kilowatt-hour."""
+    if joules <= 0:
+        return MISSING
+    if joules < 1000:
+        return f"{joules:.0f} J"
+    if joules < _KWH_J:
+        return f"{joules / 1000:.1f} kJ"
+    return f"{joules / _KWH_J:.2f} kWh"
+
+
+def fmt_seconds(seconds: float) -> str:
+    """``7.5s`` under ten seconds, else ``fmt_duration``'s ``42s``, ``3m``, ``5h12m``."""
+    return f"{seconds:.1f}s" if seconds < 10 else fmt_duration(seconds)
+
+
+def fmt_throttled(throttled: Any) -> str:
+    """``hw_thermal 7.5s, sw_power_cap 3m``: the reasons a GPU ran throttled for,
+    in THROTTLE_ORDER (hardware first), then any other a newer controller
+    sends; ``-`` when never."""
+    known = [r for r in THROTTLE_ORDER if throttled.get(r, 0) > 0]
+    other = sorted(r for r in throttled if r not in THROTTLE_ORDER and throttled[r] > 0)
+    return ", ".join(f"{r} {fmt_seconds(throttled[r])}" for r in known + other) or MISSING
+
+
+def report_text(report: Any) -> str:
+    """The ``kiln alloc report`` text: the span and its sources, a table per GPU,
+    then the nodes replaced while it ran."""
+    held = MISSING
+    if report.started_at and report.ended_at:
+        span = fmt_duration(report.ended_at - report.started_at)
+        held = f"{fmt_time(report.started_at)} for {span}"
+    fields: list[tuple[str, Any]] = [
+        ("allocation", report.allocation),
+        ("held", held),
+        ("released", fmt_when(report.ended_at)),
+        ("reports", report.reports),
+        ("GPUs", len(report.gpus)),
+    ]
+    if report.partial:
+        fields.append(("partial", "yes: held across a controller restart; counts from its start"))
+    parts = [render_fields(fields)]
+    if report.gpus:
+        parts.append(gpus_table(report.gpus))
+    else:
+        parts.append("no health reports came from its nodes while it held them")
+    if report.replacements:
+        parts.append(replacements_table(report.replacements))
+    return "\n\n".join(parts)
+
+
+def gpus_table(gpus: Any) -> str:
+    headers = (
+        "node",
+        "gpu",
+        "max temp",
+        "throttled",
+        "energy",
+        "ecc sbe/dbe",
+        "xids",
+        "remaps",
+        "nvlink errs",
+    )
+    rows = [
+        (
+            g.node,
+            g.index,
+            fmt_opt(g, "max_temp_c", "C"),
+            fmt_throttled(g.throttled_s),
+            fmt_energy(g.energy_j),
+            f"{g.ecc_sbe}/{g.ecc_dbe}",
+            fmt_list(g.xids),
+            g.rows_remapped,
+            g.nvlink_errors,
+        )
+        for g in gpus
+    ]
+    return render_table(headers, rows)
+
+
+def replacements_table(replacements: Any) -> str:
+    headers = ("replaced", "by", "at", "reason")
+    rows = [
+        (r.failed, r.replacement or "none free", fmt_time(r.at), r.reason) for r in replacements
+    ]
+    return render_table(headers, rows)
