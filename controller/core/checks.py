@@ -399,14 +399,17 @@ class CheckRunner:
         for rack in self._running.values():
             per_rack[rack] = per_rack.get(rack, 0) + 1
         room = periodic.fleet - len(self._running)
+        eligible = [
+            row
+            for row in await self._nodes.records_in([S.READY])
+            if not (row.allocation_id or row.drained or row.name in self._running)
+            and self._last.get(row.name, self._since) + periodic.every_s <= now
+        ]
+        eligible.sort(key=lambda r: self._last.get(r.name, self._since))  # the longest waiting
         due: list[NodeRecord] = []
-        for row in await self._nodes.records_in([S.READY]):
+        for row in eligible:
             if room <= 0:
                 break
-            if row.allocation_id or row.drained or row.name in self._running:
-                continue
-            if self._last.get(row.name, self._since) + periodic.every_s > now:
-                continue
             rack = row.rack or row.name
             if per_rack.get(rack, 0) >= periodic.per_rack:
                 continue
