@@ -36,7 +36,9 @@ event loop: it does constant work per GPU and no I/O.
 The report itself (``AllocationReport``) is a frozen value; it travels as an
 ``allocation.health_report`` event's data (``report_data`` /
 ``report_from_event``), so it survives restarts. What a controller restart
-loses is the tally of allocations still held; their reports are ``partial``.
+loses is the tally of allocations still held; their reports are ``partial``
+(``build_report``: held, not handed over by this controller, and created
+before it started), their figures counting from the restart.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ THROTTLE_MASK = sum(bit for _, bit in THROTTLE_REASONS)  # distinct bits: their 
 
 MAX_GAP_S = 30.0  # the most one gap between two reports counts (six 5 s reports)
 XIDS_KEPT = 64  # XIDs listed per GPU before only new codes are added
+COUNT_MAX = 2**64 - 1  # the report's counts are uint64: growth across resets saturates
 HELD_STATES = frozenset({NodeState.ALLOCATED, NodeState.DRAINING})
 EVENTS_PAGE = 500  # an allocation's events read per query when looking for its report
 
@@ -316,11 +319,11 @@ class _GpuTally:
                 if seconds > 0
             },
             energy_j=round(self.energy, 1),
-            ecc_sbe=max(self.sbe_v, self.sbe_a),
-            ecc_dbe=max(self.dbe_v, self.dbe_a),
+            ecc_sbe=min(max(self.sbe_v, self.sbe_a), COUNT_MAX),
+            ecc_dbe=min(max(self.dbe_v, self.dbe_a), COUNT_MAX),
             xids=tuple(self.xids),
-            rows_remapped=self.remap,
-            nvlink_errors=self.nvlink,
+            rows_remapped=min(self.remap, COUNT_MAX),
+            nvlink_errors=min(self.nvlink, COUNT_MAX),
         )
 
 
