@@ -23,6 +23,7 @@ from controller.bmc.types import (
     BootOverride,
     FirmwareComponent,
     HardwareInventory,
+    LeakDetectorReading,
     LogEntry,
     PowerAction,
     PowerState,
@@ -134,6 +135,17 @@ class Sensors(Protocol):
         """Temperatures, fans, power draw and overall health.
 
         Raises: BmcUnreachable, BmcAuthenticationFailed, BmcTimeout, BmcError.
+        """
+        ...
+
+
+class LeakDetection(Protocol):
+    async def readings(self) -> list[LeakDetectorReading]:
+        """Every leak detector of the system's chassis ([] when it has none).
+
+        Raises: NotSupported (the protocol has no leak detectors, e.g. IPMI),
+        BmcUnreachable, BmcAuthenticationFailed, BmcTimeout, BmcError
+        (BmcBadResponse for a broken collection).
         """
         ...
 

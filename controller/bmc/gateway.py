@@ -7,8 +7,9 @@ from controller.bmc.address import BmcCredentials, TlsOptions, parse_bmc_url
 from controller.bmc.base import PowerAction, PowerState
 from controller.bmc.fleet import run_bulk
 from controller.bmc.pool import Bmc, BmcPool
+from controller.bmc.types import Health, LeakDetectorReading
 from controller.core.errors import InvalidArgument
-from controller.core.model import BmcTarget
+from controller.core.model import BmcTarget, DetectorHealth, LeakReading
 
 ACTIONS = {
     "on": PowerAction.ON,
@@ -18,6 +19,26 @@ ACTIONS = {
     "restart": PowerAction.RESTART,
 }
 STATES = {PowerState.ON: "on", PowerState.OFF: "off"}
+DETECTOR_HEALTH = {
+    Health.OK: DetectorHealth.OK,
+    Health.WARNING: DetectorHealth.WARNING,
+    Health.CRITICAL: DetectorHealth.CRITICAL,
+}
+
+
+def leak_reading(r: LeakDetectorReading) -> LeakReading:
+    """A driver's leak detector reading as the core's value."""
+    return LeakReading(
+        detector=r.path,
+        name=r.name,
+        detector_state=DETECTOR_HEALTH.get(r.detector_state) if r.detector_state else None,
+        status_state=r.status_state,
+        status_health=DETECTOR_HEALTH.get(r.status_health) if r.status_health else None,
+        read_at=r.read_at,
+        problem=r.problem,
+        detector_type=r.detector_type or "",
+        physical_context=r.physical_context or "",
+    )
 
 
 class PoolGateway:
@@ -99,6 +120,10 @@ class PoolGateway:
         # rule; a BMC that names none of its sensors after the GPUs gives all.
         gpus = [t for t in temps if "gpu" in t.name.lower()]
         return [t.value for t in (gpus or temps) if t.value is not None]
+
+    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
+        """The node's leak detectors (see ``controller.core.ports.BmcGateway``)."""
+        return [leak_reading(r) for r in await self._bmc(target).leaks.readings()]
 
     async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
         versions: dict[str, str] = {}

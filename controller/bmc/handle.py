@@ -24,6 +24,7 @@ from controller.bmc.types import (
     BootOverride,
     FirmwareComponent,
     HardwareInventory,
+    LeakDetectorReading,
     LogEntry,
     PowerAction,
     PowerState,
@@ -31,7 +32,7 @@ from controller.bmc.types import (
     VirtualMediaState,
 )
 from controller.core.deadline import bounded
-from controller.core.errors import BmcError, BmcTimeout
+from controller.core.errors import BmcError, BmcTimeout, NotSupported
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,6 +55,7 @@ class Driver(Protocol):
     def firmware_start(self, image_url: str, targets: list[str] | None) -> str | None: ...
     def firmware_task_done(self, monitor_uri: str) -> bool: ...
     def sensors(self) -> SensorReadings: ...
+    def leak_detectors(self) -> list[LeakDetectorReading]: ...
     def inventory(self) -> HardwareInventory: ...
     def log_entries(self) -> list[LogEntry]: ...
     def close(self) -> None: ...
@@ -298,6 +300,19 @@ class SensorsReader(_Capability):
         return await self._read("sensors", self._driver.sensors)
 
 
+class LeakDetectionReader(_Capability):
+    """Implements ``controller.bmc.base.LeakDetection``.
+
+    A driver whose protocol has no leak detectors (``supports_leak_detection
+    = False``) answers NotSupported at once, without taking a call slot.
+    """
+
+    async def readings(self) -> list[LeakDetectorReading]:
+        if not getattr(self._driver, "supports_leak_detection", True):
+            raise NotSupported("leak detection")
+        return await self._read("leak detectors", self._driver.leak_detectors)
+
+
 class InventoryReader(_Capability):
     """Implements ``controller.bmc.base.Inventory``."""
 
@@ -332,6 +347,7 @@ class Bmc:
         self.bios = BiosControl(driver, guard)
         self.firmware = FirmwareControl(driver, guard)
         self.sensors = SensorsReader(driver, guard)
+        self.leaks = LeakDetectionReader(driver, guard)
         self.inventory = InventoryReader(driver, guard)
         self.log = EventLogReader(driver, guard)
         self._guard = guard

@@ -8,8 +8,8 @@ overlaps the next one. pyghmi's process-wide session loop gets three fixes
 at import (``controller/bmc/pyghmi_compat.py``): without them BMCs that never
 answer can stop every IPMI call in the process.
 
-IPMI has no virtual media, BIOS attributes or firmware update: those raise
-``NotSupported``.
+IPMI has no virtual media, BIOS attributes, firmware update or leak
+detectors (no standard sensor type for them): those raise ``NotSupported``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from controller.bmc.types import (
     FirmwareComponent,
     HardwareInventory,
     Health,
+    LeakDetectorReading,
     LogEntry,
     PowerAction,
     PowerState,
@@ -101,6 +102,7 @@ class IpmiDriver:
     """Blocking IPMI calls for one BMC. Raises only Kiln errors."""
 
     supports_graceful_restart = False
+    supports_leak_detection = False  # the handle answers NotSupported without a call
 
     def __init__(self, address: BmcAddress, credentials: BmcCredentials, *, node: str = "") -> None:
         self._address = address
@@ -254,6 +256,9 @@ class IpmiDriver:
                 elif units == "W" and watts is None:
                     watts = value
         return SensorReadings(tuple(temps), tuple(fans), watts, _health(worst))
+
+    def leak_detectors(self) -> list[LeakDetectorReading]:
+        raise NotSupported("leak detection")
 
     def inventory(self) -> HardwareInventory:
         with self._edge("inventory") as cmd:

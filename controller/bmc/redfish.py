@@ -17,8 +17,8 @@ flag that node and nothing else:
   ``MAX_JSON_DEPTH`` levels (no ``NaN``/``Infinity``, no 5000-digit
   integers); the adapter checks it before sushy sees it, so sushy never logs
   a whole unparseable body.
-* Content: the reads -- power state, sensors, firmware inventory, BIOS
-  attributes, inventory, event log -- parse the documents themselves
+* Content: the reads -- power state, sensors, leak detectors, firmware
+  inventory, BIOS attributes, inventory, event log -- parse the documents themselves
   (``_Doc``): a field of the wrong type, a required field or link that is
   missing, or a link that is not a path on this BMC is named with its
   resource.
@@ -45,6 +45,7 @@ import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,7 @@ from controller.bmc.types import (
     FirmwareComponent,
     HardwareInventory,
     Health,
+    LeakDetectorReading,
     LogEntry,
     Nic,
     PowerAction,
@@ -122,6 +124,15 @@ HEALTH: dict[str | None, Health] = {
     "Warning": Health.WARNING,
     "Critical": Health.CRITICAL,
 }
+# DMTF LeakDetector.DetectorState is a Resource.Health: OK, Warning or Critical (or null).
+LEAK_DETECTOR_STATES: dict[str, Health] = {
+    "OK": Health.OK,
+    "Warning": Health.WARNING,
+    "Critical": Health.CRITICAL,
+}
+LEAK_REDISCOVER_S = 600.0
+"""How long the chassis' leak detector collections found are trusted before
+they are looked for again (a BMC may gain leak detection with new firmware)."""
 TASK_DONE_OK = {"Completed"}
 TASK_FAILED = {"Exception", "Killed", "Cancelled", "Interrupted", "Suspended"}
 
@@ -420,6 +431,9 @@ class RedfishDriver:
         self._conn: sushy.Sushy | None = None
         self._connector: Any = None
         self._system: sushy_system.System | None = None
+        # The LeakDetectors collections of the system's chassis, and when found.
+        self._leak_paths: tuple[str, ...] | None = None
+        self._leak_found_at = 0.0
         # Guards lazy connection set-up against a timed-out call still running.
         self._setup_lock = threading.Lock()
 
@@ -591,6 +605,7 @@ class RedfishDriver:
             self._conn = None
             self._connector = None
             self._system = None
+            self._leak_paths = None
         finally:
             self._setup_lock.release()
 
@@ -810,6 +825,108 @@ class RedfishDriver:
                         if watts is not None:
                             break
             return SensorReadings(tuple(temps), tuple(fans), watts, _status_health(system))
+
+    # --- leak detection -----------------------------------------------------
+    def leak_detectors(self) -> list[LeakDetectorReading]:
+        """Every leak detector of the system's chassis, by the DMTF schema:
+        ``Chassis/{id}/ThermalSubsystem/LeakDetection/LeakDetectors/{id}``;
+        [] when no chassis of the system has leak detection.
+
+        sushy has no model for these: the documents are read through its
+        connector and checked here. A broken collection or link is a bad
+        answer (``BmcBadResponse``); a detector whose own document is broken
+        comes back with ``problem`` set, so the others still count.
+        """
+        with self._edge("leak detectors"):
+            try:
+                return self._read_leak_detectors(self._leak_collections())
+            except sushy_exc.ResourceNotFoundError:
+                # A collection found earlier is gone (the BMC was reconfigured): look again.
+                self._leak_paths = None
+                return self._read_leak_detectors(self._leak_collections())
+
+    def _leak_collections(self) -> tuple[str, ...]:
+        """The LeakDetectors collections of the system's chassis (cached for
+        ``LEAK_REDISCOVER_S``): System ``Links.Chassis`` → Chassis
+        ``ThermalSubsystem`` → ``LeakDetection`` → ``LeakDetectors``."""
+        now = time.monotonic()
+        if self._leak_paths is not None and now - self._leak_found_at < LEAK_REDISCOVER_S:
+            return self._leak_paths
+        found: list[str] = []
+        links = self._system_doc().obj("Links")
+        for path in links.links("Chassis") if links else []:
+            chassis = self._get_unless_absent(path)
+            thermal = self._get_unless_absent(chassis.link("ThermalSubsystem") if chassis else None)
+            detection = self._get_unless_absent(thermal.link("LeakDetection") if thermal else None)
+            collection = detection.link("LeakDetectors") if detection else None
+            if collection is not None:
+                found.append(collection)
+        self._leak_paths = tuple(dict.fromkeys(found))
+        self._leak_found_at = now
+        return self._leak_paths
+
+    def _read_leak_detectors(self, collections: tuple[str, ...]) -> list[LeakDetectorReading]:
+        readings: list[LeakDetectorReading] = []
+        for path in collections:
+            for member in self._get(path).links("Members", required=True):
+                try:
+                    doc = self._get(member)
+                except sushy_exc.ResourceNotFoundError:
+                    LOG.debug("node %s: leak detector %s vanished; skipped", self._node, member)
+                    continue
+                except _BadAnswer as e:  # not JSON, too large ...: this detector only
+                    ident = member.rsplit("/", 1)[-1]
+                    readings.append(self._unreadable_detector(member, ident, e.reason))
+                    continue
+                readings.append(self._leak_reading(doc))
+        return readings
+
+    def _leak_reading(self, doc: _Doc) -> LeakDetectorReading:
+        """One LeakDetector document; a field of the wrong type or an unknown
+        ``DetectorState`` / ``Status.Health`` makes it a reading with ``problem``."""
+        ident = doc.path.rsplit("/", 1)[-1]
+        try:
+            ident = doc.text("Id") or ident
+            wire = doc.text("DetectorState")
+            state = LEAK_DETECTOR_STATES.get(wire) if wire is not None else None
+            if wire is not None and state is None:
+                raise doc.bad(
+                    "DetectorState", f"{_quote(wire)} is not one of OK, Warning, Critical"
+                )
+            status = doc.obj("Status")
+            health_wire = status.text("Health") if status else None
+            health = HEALTH.get(health_wire) if health_wire is not None else None
+            if status is not None and health_wire is not None and health is None:
+                raise status.bad(
+                    "Health", f"{_quote(health_wire)} is not one of OK, Warning, Critical"
+                )
+            return LeakDetectorReading(
+                path=doc.path,
+                id=ident,
+                name=doc.text("Name") or ident,
+                detector_state=state,
+                status_state=status.text("State") if status else None,
+                status_health=health,
+                read_at=time.time(),
+                detector_type=doc.text("LeakDetectorType"),
+                physical_context=doc.text("PhysicalContext"),
+            )
+        except _BadAnswer as e:
+            return self._unreadable_detector(doc.path, ident, e.reason)
+
+    def _unreadable_detector(self, path: str, ident: str, reason: str) -> LeakDetectorReading:
+        problem = self._text(reason)
+        LOG.info("node %s: leak detector %s unreadable: %s", self._node, path, problem)
+        return LeakDetectorReading(
+            path=path,
+            id=ident,
+            name=ident,
+            detector_state=None,
+            status_state=None,
+            status_health=None,
+            read_at=time.time(),
+            problem=problem,
+        )
 
     def inventory(self) -> HardwareInventory:
         with self._edge("inventory"):

@@ -96,6 +96,31 @@ class SensorReadings:
 
 
 @dataclass(frozen=True)
+class LeakDetectorReading:
+    """One leak detector (DMTF ``LeakDetector``) as its BMC reported it.
+
+    ``detector_state`` is ``DetectorState`` (None: absent or null),
+    ``status_state`` and ``status_health`` its ``Status.State`` (the DMTF word,
+    e.g. "Enabled", "UnavailableOffline"; None: absent) and ``Status.Health``
+    (None: absent). ``problem`` says what was wrong with the detector's own
+    document ("" when nothing): a detector Kiln cannot read is reported, not
+    dropped, so the layer above can flag it while the others still count.
+    ``read_at`` is when its document arrived (Unix seconds).
+    """
+
+    path: str
+    id: str
+    name: str
+    detector_state: Health | None
+    status_state: str | None
+    status_health: Health | None
+    read_at: float
+    detector_type: str | None = None
+    physical_context: str | None = None
+    problem: str = ""
+
+
+@dataclass(frozen=True)
 class Nic:
     id: str
     mac: str | None

@@ -28,6 +28,7 @@ from controller.core.eventlog import EventLog
 from controller.core.health import HealthReport
 from controller.core.health_policy import PolicyRunner
 from controller.core.identity import SYSTEM, Caller, Role, TokenInfo
+from controller.core.leaks import DEFAULT_LEAK_INTERVAL, LeakWatcher, PowerBlockGate
 from controller.core.lifecycle import Lifecycle
 from controller.core.live import DEFAULT_FLUSH_INTERVAL, LiveHealth
 from controller.core.meter import Meter, NullMeter
@@ -109,17 +110,22 @@ class Fleet:
         meter: Meter | None = None,
         baseline_gate: HealthGate | None = BASELINE_GATE,
         checks: Suite | None = None,
+        leak_interval: float = DEFAULT_LEAK_INTERVAL,
     ) -> None:
         """``checks``: the health-check suite (``controller.checks``); None
-        runs no checks, and RunChecks is refused."""
+        runs no checks, and RunChecks is refused. ``leak_interval``: seconds
+        between reads of every node's leak detectors (``core.leaks``)."""
         self.store = store
         self.meter: Meter = meter or NullMeter()
-        self.bmc = bmc
         self.profiles = profiles or ProfileCatalog()
         self.agents = AgentHub()
         self.events = EventLog(store)
         self.live = LiveHealth(store, flush_interval=health_flush_interval)
         self.nodes = Nodes(store, bmc, self.agents, self.live, baseline_gate=baseline_gate)
+        # Everything else reaches the BMCs through the gate: no power-on of a
+        # node whose power is blocked by a coolant leak, whoever asks.
+        self.bmc: BmcGateway = PowerBlockGate(bmc, self.nodes)
+        bmc = self.bmc
         self.allocations = Allocations(store, self.nodes, queues=queues, meter=self.meter)
         self.checks = (
             CheckRunner(store, self.nodes, self.agents, checks, on_done=self._checked)
@@ -157,6 +163,9 @@ class Fleet:
             on_change=self.allocations.schedule_pass,  # a BMC answering again frees a node
             meter=self.meter,
         )
+        self.leaks = LeakWatcher(
+            store, self.nodes, bmc, self.allocations.node_failed, interval=leak_interval
+        )
         self.tokens = Tokens(store)
         self.audit = AuditLog(store)
         self.sample_interval = sample_interval
@@ -177,10 +186,12 @@ class Fleet:
         self._loops.spawn(self.power_sync.run(), name="kiln-power-sync")
         if self.checks is not None:
             self._loops.spawn(self.checks.run(), name="kiln-periodic-checks")
+        self._loops.spawn(self.leaks.run(), name="kiln-leaks")
 
     async def stop(self) -> None:
         await self._loops.stop()
         await self._background.stop()
+        await self.leaks.stop()
         await self.lifecycle.stop()
         if self.checks is not None:
             await self.checks.stop()
@@ -235,6 +246,7 @@ class Fleet:
         """See ``Nodes.set_credentials``; a node held back by a refused login
         is looked at again at once."""
         node = await self.nodes.set_credentials(name, username, password)
+        self.leaks.forget(name)  # its leak reads use the new credentials
         self.lifecycle.poke(name)
         return node
 
@@ -244,7 +256,8 @@ class Fleet:
         return node
 
     async def undrain(self, node: str) -> NodeInfo:
-        """Return a node to service; its health episodes start afresh."""
+        """Return a node to service; its health episodes start afresh.
+        Raises FailedPrecondition while its power is blocked (a coolant leak)."""
         info = await self.nodes.undrain(node)
         self.policies.forget(node)
         self.lifecycle.poke(node)
@@ -276,6 +289,7 @@ class Fleet:
         self.lifecycle.forget(name)
         if self.checks is not None:
             self.checks.forget(name)
+        self.leaks.forget(name)
         self.live.forget(name)
         self.agents.drop(name)
         self.tokens.invalidate()  # its agent's tokens are gone: no cached one still works
@@ -318,6 +332,24 @@ class Fleet:
             await self.nodes.get(node)
             return []
         return await self.checks.history(node, limit)
+
+    async def clear_leak(
+        self, name: str, reason: str = "", *, by: Caller | None = None
+    ) -> NodeInfo:
+        """Lift the node's power block after a coolant leak was repaired
+        (``kiln nodes clear-leak``); records ``node.leak_cleared`` with
+        ``reason`` and who cleared it. Idempotent: a node with no block is
+        returned as it is. The node stays powered off and out of service
+        until it is undrained.
+
+        Raises:
+            NotFound: unknown node.
+            InvalidArgument: a reason with control characters or too long.
+            FailedPrecondition: a leak detector of the node still reads Critical.
+        """
+        await self.leaks.clear(name, reason, by=by.name if by else "")
+        self.lifecycle.poke(name)
+        return await self.nodes.get(name)
 
     async def export_topology(self, fmt: TopologyFormat) -> str:
         topology = await self.allocations.topology()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,48 @@ class NodeInfo:
     schedulable: bool
     drained: bool
     agent_cert_expires_at: float = 0.0  # the connected agent's certificate (0: none)
+    power_block: str = ""  # why it may not be powered on (a coolant leak); "": nothing
+
+
+class DetectorHealth(enum.StrEnum):
+    """DMTF ``Resource.Health`` as a leak detector reports it (its
+    ``DetectorState`` and its ``Status.Health``)."""
+
+    OK = "ok"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class LeakState(enum.StrEnum):
+    """What Kiln makes of one leak detector's reading (``core.leaks.classify``)."""
+
+    OK = "ok"
+    WARNING = "warning"  # a leak warning: recorded, no power action
+    CRITICAL = "critical"  # a leak: the tray is powered off and blocked from power-on
+    FAULT = "fault"  # the detector cannot be trusted: flagged for repair, no power action
+
+
+@dataclass(frozen=True)
+class LeakReading:
+    """One leak detector as the node's BMC reported it (DMTF ``LeakDetector``).
+
+    ``detector`` is its resource path on the BMC (unique there), ``name`` its
+    ``Name``. ``detector_state`` is ``DetectorState`` and ``status_health``
+    ``Status.Health`` (None: absent or null); ``status_state`` is
+    ``Status.State`` as the DMTF spells it ("Enabled", "UnavailableOffline",
+    ...; None: absent). ``problem`` says what was wrong with the detector's
+    document ("" when nothing). ``read_at``: when it was read (Unix seconds).
+    """
+
+    detector: str
+    name: str
+    detector_state: DetectorHealth | None
+    status_state: str | None
+    status_health: DetectorHealth | None
+    read_at: float
+    problem: str = ""
+    detector_type: str = ""  # LeakDetectorType: Moisture, FloatSwitch
+    physical_context: str = ""
 
 
 @dataclass(frozen=True)

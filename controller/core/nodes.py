@@ -12,7 +12,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from controller.core.agents import AgentHub
-from controller.core.errors import AlreadyExists, BmcError, InvalidArgument, KilnError, NotFound
+from controller.core.errors import (
+    AlreadyExists,
+    BmcError,
+    FailedPrecondition,
+    InvalidArgument,
+    KilnError,
+    NotFound,
+)
 from controller.core.eventlog import record
 from controller.core.health import HealthReport
 from controller.core.kinds import EventKind
@@ -38,6 +45,7 @@ from controller.core.transitions import load_node, move
 log = logging.getLogger(__name__)
 
 POWER_ACTIONS = ("status", "on", "off", "force_off", "cycle", "restart")
+POWER_ON_ACTIONS = frozenset({"on", "cycle", "restart"})  # refused while a node's power is blocked
 BMC_UNREACHABLE = "unreachable"  # ``BmcGateway.health``: the breaker is open
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 NAME_MAX = 63
@@ -103,6 +111,15 @@ def closest_hint(name: str, names: Sequence[str]) -> str:
     """``"; did you mean 'X'?"`` for the enrolled name closest to a mistyped one."""
     close = difflib.get_close_matches(name[:NAME_MAX], names, n=1, cutoff=0.75)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def power_blocked(name: str, block: str, action: str) -> FailedPrecondition:
+    """The refusal of a power-on (``action``: on, cycle, restart) of a node
+    whose power is blocked, naming why and how to lift it."""
+    return FailedPrecondition(
+        f"node {name!r} may not be powered on (power {action} refused): {block}; once the "
+        f"tray is repaired, clear it with `kiln nodes clear-leak {name}`"
+    )
 
 
 def _with_hold(reason: str, hold: str) -> str:
@@ -262,6 +279,7 @@ class Nodes:
             schedulable=self.schedulable(node),
             drained=node.drained,
             agent_cert_expires_at=self._agents.cert_expires_at(node.name) or 0.0,
+            power_block=node.power_block,
         )
 
     async def get(self, name: str) -> NodeInfo:
@@ -492,8 +510,23 @@ class Nodes:
         return await self.get(name)
 
     async def undrain(self, name: str) -> NodeInfo:
+        """Return a drained node to service (through inspection when it is out
+        of service).
+
+        Raises:
+            NotFound: unknown node.
+            FailedPrecondition: its power is blocked (a coolant leak): it could
+                not be powered on; the message says to clear the leak first.
+        """
+
         def write(tx: Tx) -> None:
             node = load_node(tx, name)
+            if node.power_block:
+                raise FailedPrecondition(
+                    f"node {name!r} may not return to service while its power is blocked: "
+                    f"{node.power_block}; once the tray is repaired, run "
+                    f"`kiln nodes clear-leak {name}`, then undrain it"
+                )
             node.drained = False
             tx.nodes.save(node)
             if node.state == NodeState.DRAINING and node.allocation_id:
@@ -531,11 +564,21 @@ class Nodes:
 
         Raises:
             InvalidArgument: unknown action. NotFound: unknown node.
+            FailedPrecondition: on, cycle or restart of a node whose power is
+                blocked (a coolant leak), naming the block and
+                ``kiln nodes clear-leak``; nothing is sent to the BMC.
             BmcError (and kin): the BMC failed; the node's BMC health says so.
         """
         if action not in POWER_ACTIONS:
             raise InvalidArgument(f"unknown power action {action!r}; use one of {POWER_ACTIONS}")
-        target = await self._store.read(lambda tx: tx.nodes.bmc_target(load_node(tx, name)))
+
+        def read(tx: Tx) -> BmcTarget:
+            node = load_node(tx, name)
+            if action in POWER_ON_ACTIONS and node.power_block:
+                raise power_blocked(name, node.power_block, action)
+            return tx.nodes.bmc_target(node)
+
+        target = await self._store.read(read)
         try:
             if action == "status":
                 state = PowerState(await self._bmc.power_state(target))

@@ -20,7 +20,7 @@ from typing import Protocol, TypeVar
 from controller.core.health import HealthReport, HealthSample
 from controller.core.identity import TokenRecord
 from controller.core.kinds import EventKind
-from controller.core.model import BmcTarget, EventInfo, GpuInfo
+from controller.core.model import BmcTarget, EventInfo, GpuInfo, LeakReading
 from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState
@@ -280,6 +280,16 @@ class BmcGateway(Protocol):
 
     async def thermal_c(self, target: BmcTarget) -> list[float]:
         """The BMC's own temperature readings in °C (the agent-silent fallback)."""
+        ...
+
+    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
+        """Every leak detector of the node's chassis ([] when it has none).
+
+        Raises:
+            NotSupported: the node's protocol has no leak detectors (IPMI);
+                answered at once, without a BMC call.
+            BmcError and its kin: the BMC failed, or sent a broken collection.
+        """
         ...
 
     async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:

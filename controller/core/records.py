@@ -44,6 +44,9 @@ class NodeRecord:
     # The operation in flight, so a restarted controller resumes it:
     drain_target: NodeState | None = None  # the out-of-service state a drain ends in
     allocation_profile: str | None = None  # being prepared to its allocation's profile
+    # Why the node may not be powered on ("": nothing blocks it): a Critical
+    # coolant leak on its tray, until an operator clears it (kept across restarts).
+    power_block: str = ""
     created_at: float = 0.0
     updated_at: float = 0.0
 

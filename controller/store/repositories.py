@@ -98,6 +98,7 @@ _NODE_PLAIN = (
     "applied_profile",
     "allocation_id",
     "agent_last_seen",
+    "power_block",
     "created_at",
     "updated_at",
 )

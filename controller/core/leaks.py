@@ -1,0 +1,695 @@
+"""Coolant leaks: every node's leak detectors, watched through its BMC.
+
+Every ``interval`` seconds (5 by default, so that a tray is off within 10 s
+of the reading that found its leak) the watcher reads the leak detectors of
+every node's chassis through the ``BmcGateway``, at most ``concurrency``
+nodes at once, each call behind its BMC's guard and breaker. A node whose
+protocol has none (IPMI) answers NotSupported without a BMC call and is
+skipped from then on, without a log line. The reads do not depend on the
+node's agent: a tray whose agent is silent (or whose OS hung) is watched all
+the same. A BMC that is slow holds up only its own node: a pass does not
+wait for a read still in flight from the last one.
+
+Each reading is classified (``classify``, the rule in docs/leaks.md):
+
+1. a detector whose document Kiln cannot read is a **fault**;
+2. ``Status.State`` present and not Enabled, Degraded or Qualified (e.g.
+   UnavailableOffline, Disabled, Absent, InTest): the detector is not
+   sensing, a **fault**, whatever its ``DetectorState`` says;
+3. ``DetectorState`` absent or null: a **fault**;
+4. ``DetectorState`` Critical: a **critical** leak;
+5. ``DetectorState`` Warning: a leak **warning**;
+6. ``DetectorState`` OK with ``Status.Health`` Warning or Critical: the
+   detector reports a fault of its own, a **fault**;
+7. otherwise **ok**.
+
+What follows a change of a detector's state (each change is one
+``node.leak`` event with the detector, its state and the reading's time):
+
+* **critical**: in one transaction the node's power is blocked (stored with
+  the node, so a restart keeps it), it is drained towards powered_off and
+  the job that holds it is told (``allocation.notice``); then its BMC powers
+  it off at once, forced: no ``for:`` window, no grace for the job, and no
+  policy cap (a safety action). Then it is powered_off and its allocation
+  loses it as a failed node (``Allocations.node_failed``). While a detector
+  stays Critical, every pass checks that the node is still off and powers it
+  off again if it is not.
+* two or more trays of one rack blocked: every other node of the rack is
+  drained (its job told) and ``rack.isolation_requested`` is recorded once
+  for the building system.
+* **warning**, **fault**, back to **ok**: recorded; no power action. A fault
+  flags the detector for repair.
+
+A blocked node is refused power-on: ``Nodes.power`` refuses on, cycle and
+restart (so do the API, the lifecycle and the policies, which all go through
+it), and ``PowerBlockGate`` refuses them to any other user of the gateway
+(the preparation's reboot). ``clear`` lifts the block (``kiln nodes
+clear-leak``), and is refused while a detector of the node still reads
+Critical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from controller.core.errors import FailedPrecondition, InvalidArgument, KilnError, NotSupported
+from controller.core.eventlog import record
+from controller.core.kinds import EventKind
+from controller.core.model import BmcTarget, DetectorHealth, EventInfo, LeakReading, LeakState
+from controller.core.nodes import POWER_ON_ACTIONS, Nodes, power_blocked
+from controller.core.ports import BmcGateway, Store, Tx
+from controller.core.records import NodeRecord
+from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
+from controller.core.tasks import BackgroundTasks
+from controller.core.transitions import load_node, move
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEAK_INTERVAL = 5.0
+DEFAULT_LEAK_CONCURRENCY = 256  # the Redfish thread pool's default size
+RACK_ISOLATION_TRAYS = 2  # blocked trays in one rack that isolate the rack
+# DMTF Resource.State values in which a detector is sensing (None: not reported).
+SENSING_STATES = frozenset({"Enabled", "Degraded", "Qualified"})
+MAX_REASON = 1024
+
+
+def classify(reading: LeakReading) -> tuple[LeakState, str]:
+    """What one reading means, and why (the rule in this module's docstring).
+
+    Pure; a detector Kiln cannot trust is a fault, never a leak.
+    """
+    if reading.problem:
+        return LeakState.FAULT, f"its document is unreadable: {reading.problem}"
+    if reading.status_state is not None and reading.status_state not in SENSING_STATES:
+        return LeakState.FAULT, f"Status.State is {reading.status_state}: it is not sensing"
+    state = reading.detector_state
+    if state is None:
+        return LeakState.FAULT, "it reports no DetectorState"
+    if state is DetectorHealth.CRITICAL:
+        return LeakState.CRITICAL, "DetectorState Critical"
+    if state is DetectorHealth.WARNING:
+        return LeakState.WARNING, "DetectorState Warning"
+    health = reading.status_health
+    if health in (DetectorHealth.WARNING, DetectorHealth.CRITICAL):
+        return LeakState.FAULT, f"DetectorState OK but Status.Health {_dmtf(health)}"
+    return LeakState.OK, "DetectorState OK"
+
+
+def _dmtf(health: DetectorHealth | None) -> str | None:
+    """The DMTF spelling ("OK", "Warning", "Critical") of a health value."""
+    if health is None:
+        return None
+    return "OK" if health is DetectorHealth.OK else health.value.capitalize()
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _fields(r: LeakReading, state: LeakState, before: LeakState, rack: str) -> dict[str, Any]:
+    """A ``node.leak`` event's data."""
+    return {
+        "detector": r.detector,
+        "detector_name": r.name,
+        "state": state.value,
+        "previous": before.value,
+        "detector_state": _dmtf(r.detector_state),
+        "status_state": r.status_state,
+        "status_health": _dmtf(r.status_health),
+        "read_at": r.read_at,
+        "rack": rack,
+        "action": "power_off" if state is LeakState.CRITICAL else "none",
+        "repair": state is LeakState.FAULT,
+    }
+
+
+@dataclass
+class _Watched:
+    """What the watcher remembers of one node, in memory only."""
+
+    states: dict[str, LeakState]  # detector → its last state (absent: OK)
+    target: BmcTarget | None = None
+    unreadable: str = ""  # the last read's error ("" after a good read)
+
+
+class LeakWatcher:
+    """Reads every node's leak detectors and acts on them (module docstring).
+
+    ``interval`` and ``concurrency`` are plain attributes and may be changed
+    while it runs. ``on_node_failed`` is ``Allocations.node_failed``.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        nodes: Nodes,
+        bmc: BmcGateway,
+        on_node_failed: Callable[[str, str], Awaitable[None]],
+        *,
+        interval: float = DEFAULT_LEAK_INTERVAL,
+        concurrency: int = DEFAULT_LEAK_CONCURRENCY,
+    ) -> None:
+        if interval <= 0:
+            raise InvalidArgument(f"the leak detector interval must be positive, not {interval}")
+        self._store = store
+        self._nodes = nodes
+        self._bmc = bmc
+        self._on_node_failed = on_node_failed
+        self.interval = interval
+        self.concurrency = concurrency
+        self._watched: dict[str, _Watched] = {}
+        self._unsupported: dict[str, str] = {}  # node → the BMC URL that has no detectors
+        self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._rack_lock = asyncio.Lock()
+        self._isolated: set[str] = set()  # racks whose isolation was requested
+        self._in_flight: set[str] = set()
+        self._reads = BackgroundTasks()
+        self.last_pass_seconds = 0.0
+
+    # -- the loop ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read every node each ``interval`` until cancelled."""
+        while True:
+            started = time.monotonic()
+            try:
+                await self.run_once(timeout=self.interval)
+            except Exception:
+                log.exception("leak detector pass failed")
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    async def run_once(self, *, timeout: float | None = None) -> None:
+        """One pass: read every node not already being read, and act on what
+        changed; then isolate racks with enough blocked trays. Waits for this
+        pass's reads at most ``timeout`` seconds (None: all of them); a read
+        still running goes on in the background and its node is skipped by
+        the passes that start meanwhile."""
+        started = time.monotonic()
+        nodes = [
+            n
+            for n in await self._nodes.records()
+            if self._unsupported.get(n.name) != n.bmc_url and n.name not in self._in_flight
+        ]
+        targets = await self._targets(nodes)
+        gate = asyncio.Semaphore(max(1, self.concurrency))
+        tasks = []
+        for node in nodes:
+            self._in_flight.add(node.name)
+            tasks.append(self._reads.spawn(self._watch(node, targets[node.name], gate)))
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        await self._check_racks()
+        self.last_pass_seconds = time.monotonic() - started
+
+    async def settle(self) -> None:
+        """Wait for the reads (and what they set off) in flight (tests use this)."""
+        await self._reads.settle()
+
+    async def stop(self) -> None:
+        await self._reads.stop()
+
+    def forget(self, node: str) -> None:
+        """Drop what is remembered of ``node`` (its credentials or BMC changed, or
+        it was removed): the next pass reads it afresh."""
+        self._watched.pop(node, None)
+        self._unsupported.pop(node, None)
+
+    async def _targets(self, nodes: Collection[NodeRecord]) -> dict[str, BmcTarget]:
+        """Each node's BMC target, unsealed once and kept while its BMC URL,
+        username and TLS settings stay (``forget`` drops it)."""
+        found: dict[str, BmcTarget] = {}
+        missing = []
+        for node in nodes:
+            kept = self._watched.get(node.name)
+            target = kept.target if kept is not None else None
+            if target is not None and (
+                target.url,
+                target.username,
+                target.insecure,
+                target.ca_bundle,
+            ) == (node.bmc_url, node.bmc_username, node.bmc_insecure, node.bmc_ca_bundle):
+                found[node.name] = target
+            else:
+                missing.append(node)
+        if missing:
+            for target in await self._nodes.targets(missing):
+                found[target.node] = target
+                self._memory(target.node).target = target
+        return found
+
+    def _memory(self, name: str) -> _Watched:
+        kept = self._watched.get(name)
+        if kept is None:
+            kept = self._watched[name] = _Watched(states={})
+        return kept
+
+    async def _watch(self, node: NodeRecord, target: BmcTarget, gate: asyncio.Semaphore) -> None:
+        name = node.name
+        try:
+            async with gate:
+                readings = await self._read(node, target)
+            if readings is not None:
+                async with self._node_locks[name]:
+                    await self._judge(name, node.rack, readings)
+        except KilnError as e:  # e.g. the node was removed meanwhile
+            log.info("node %s: leak detectors not acted on: %s", name, e)
+        except Exception:
+            log.exception("node %s: leak detector check failed", name)
+        finally:
+            self._in_flight.discard(name)
+
+    async def _read(self, node: NodeRecord, target: BmcTarget) -> list[LeakReading] | None:
+        """The node's readings; None when they could not be read."""
+        name = node.name
+        try:
+            readings = await self._bmc.leak_detectors(target)
+        except NotSupported:
+            log.debug("node %s: its BMC has no leak detectors; not watched", name)
+            self._unsupported[name] = node.bmc_url
+            return None
+        except KilnError as e:
+            memory = self._memory(name)
+            if not memory.unreadable:
+                log.info("node %s: leak detectors unreadable: %s", name, e)
+            memory.unreadable = str(e)
+            return None
+        memory = self._memory(name)
+        if memory.unreadable:
+            log.info("node %s: leak detectors readable again", name)
+            memory.unreadable = ""
+        return readings
+
+    # -- judging ---------------------------------------------------------------
+
+    async def _judge(self, name: str, rack: str, readings: list[LeakReading]) -> None:
+        """Act on one node's readings: a detector newly Critical powers the node
+        off (first: it is the safety action); every other change of a
+        detector's state is recorded; a detector still Critical keeps it off."""
+        states = self._memory(name).states
+        changes: list[tuple[LeakReading, LeakState, LeakState, str]] = []
+        still_critical: LeakReading | None = None
+        for reading in readings:
+            state, why = classify(reading)
+            before = states.get(reading.detector, LeakState.OK)
+            states[reading.detector] = state
+            if state is not before:
+                changes.append((reading, state, before, why))
+            elif state is LeakState.CRITICAL and still_critical is None:
+                still_critical = reading
+        leaks = [c for c in changes if c[1] is LeakState.CRITICAL]
+        if leaks:
+            reading, _, before, why = leaks[0]
+            await self._leak(name, rack, reading, before, why)
+        elif still_critical is not None:
+            await self._keep_off(name, rack, still_critical)
+        for reading, state, before, why in changes:
+            if not leaks or reading is not leaks[0][0]:
+                await self._changed(name, reading, state, before, why)
+
+    async def _changed(
+        self, name: str, r: LeakReading, state: LeakState, before: LeakState, why: str
+    ) -> None:
+        """Record a detector's new state (a leak's own event is ``_leak``'s)."""
+        if state is LeakState.FAULT:
+            reason = (
+                f"leak detector {r.name} has a sensor fault ({why}): flagged for repair, "
+                "no power action"
+            )
+            log.warning("node %s: %s", name, reason)
+        elif state is LeakState.WARNING:
+            reason = f"leak warning: detector {r.name} reports {why} (no power action)"
+            log.warning("node %s: %s", name, reason)
+        elif state is LeakState.CRITICAL:
+            reason = f"coolant leak: detector {r.name} reports {why} too"
+            log.error("node %s: %s", name, reason)
+        else:
+            reason = f"leak detector {r.name} reads OK again (was {before.value})"
+            log.info("node %s: %s", name, reason)
+
+        def write(tx: Tx) -> None:
+            node = tx.nodes.get(name)
+            if node is not None:
+                extra = "; its power stays blocked until cleared" if node.power_block else ""
+                record(
+                    tx,
+                    EventKind.NODE_LEAK,
+                    node=name,
+                    allocation=node.allocation_id,
+                    reason=reason + extra,
+                    **_fields(r, state, before, node.rack),
+                )
+
+        await self._store.tx(write)
+
+    async def _leak(
+        self, name: str, rack: str, r: LeakReading, before: LeakState, why: str
+    ) -> None:
+        """A detector of the node just turned Critical: block, drain, tell the
+        job, power off now, then hand the node over as failed."""
+        reason = f"coolant leak: detector {r.name} reports {why}; powering the tray off"
+        log.error("node %s: %s", name, reason)
+        await self._store.tx(lambda tx: self._block(tx, name, r, why, reason, before))
+        await self._power_off(name, reason, r.read_at, known_on=True)
+        await self._check_rack(rack, again=True)
+
+    @staticmethod
+    def _block(
+        tx: Tx, name: str, r: LeakReading, why: str, reason: str, before: LeakState | None
+    ) -> None:
+        """Block the node's power (keeping an earlier block's words), drain it
+        towards powered_off and, for a new leak (``before`` given), record it
+        and tell the job that holds the node."""
+        node = load_node(tx, name)
+        if not node.power_block:
+            node.power_block = (
+                f"coolant leak: detector {r.name} ({r.detector}) reported {why} "
+                f"at {_when(r.read_at)}"
+            )
+        node.drained = True
+        node.drain_target = NodeState.POWERED_OFF
+        node.expected_power = PowerState.OFF
+        tx.nodes.save(node)
+        if before is not None:
+            record(
+                tx,
+                EventKind.NODE_LEAK,
+                node=name,
+                allocation=node.allocation_id,
+                reason=reason,
+                **_fields(r, LeakState.CRITICAL, before, node.rack),
+            )
+            if node.allocation_id:
+                record(
+                    tx,
+                    EventKind.ALLOCATION_NOTICE,
+                    node=name,
+                    allocation=node.allocation_id,
+                    reason=f"{name}: {reason}",
+                    action="power_off",
+                )
+        if node.state not in OUT_OF_SERVICE and node.state != NodeState.DRAINING:
+            move(tx, node, NodeState.DRAINING, reason)
+
+    async def _keep_off(self, name: str, rack: str, r: LeakReading) -> None:
+        """A detector is still Critical: the node must stay blocked, drained and
+        off; whatever of that no longer holds is done again."""
+        target = self._memory(name).target
+        if target is None:
+            return
+        reason = f"coolant leak: detector {r.name} still reports Critical"
+        try:
+            power = await self._bmc.power_state(target)
+        except KilnError as e:
+            log.warning("node %s: %s, and its power cannot be read: %s", name, reason, e)
+            return
+        node = await self._nodes.record(name)
+        on = power != PowerState.OFF.value
+        if not on and not self._needs_handover(node):
+            return
+        if on:
+            log.error("node %s: %s, yet it is not off: powering it off again", name, reason)
+        if not node.power_block or not node.drained or node.drain_target != NodeState.POWERED_OFF:
+            await self._store.tx(lambda tx: self._block(tx, name, r, "Critical", reason, None))
+        await self._power_off(name, reason, None, known_on=on)
+        await self._check_rack(rack)
+
+    @staticmethod
+    def _needs_handover(node: NodeRecord) -> bool:
+        """Whether what follows a leak's power-off is unfinished for ``node``."""
+        settled = node.state == NodeState.POWERED_OFF or (
+            node.state == NodeState.DRAINING and node.drain_target == NodeState.POWERED_OFF
+        )
+        return bool(node.allocation_id) or not settled or not node.power_block
+
+    async def _power_off(
+        self, name: str, reason: str, read_at: float | None, *, known_on: bool
+    ) -> None:
+        """Force the node off through its BMC (``known_on``; "already off" is
+        success), then make powered_off its end and tell its allocation. A
+        BMC that fails leaves the node blocked and drained; the next pass
+        tries again."""
+        if known_on:
+            try:
+                await self._nodes.power(name, "force_off")
+            except KilnError as e:
+                log.error("node %s: leak power-off failed (tried again next pass): %s", name, e)
+                return
+            if read_at is not None:
+                log.warning(
+                    "node %s: powered off for a coolant leak %.2fs after the reading",
+                    name,
+                    time.time() - read_at,
+                )
+
+        def write(tx: Tx) -> str:
+            node = load_node(tx, name)
+            if node.state in OUT_OF_SERVICE or (
+                node.state == NodeState.DRAINING and not node.allocation_id
+            ):
+                move(tx, node, NodeState.POWERED_OFF, f"{reason}; powered off")
+            return node.allocation_id
+
+        if await self._store.tx(write):
+            await self._on_node_failed(name, reason)
+
+    # -- racks -----------------------------------------------------------------
+
+    async def _check_racks(self) -> None:
+        """Isolate every rack with enough blocked trays (after a restart too)."""
+        counts: dict[str, int] = defaultdict(int)
+        for node in await self._nodes.records():
+            if node.rack and node.power_block:
+                counts[node.rack] += 1
+        for rack, blocked in sorted(counts.items()):
+            if blocked >= RACK_ISOLATION_TRAYS and rack not in self._isolated:
+                await self._check_rack(rack)
+
+    async def _check_rack(self, rack: str, *, again: bool = False) -> None:
+        """Two or more trays of ``rack`` blocked: drain the rest of the rack
+        and request its isolation (recorded once per episode, across
+        restarts). ``again`` (a new leak): look even if it was isolated, so a
+        node undrained meanwhile is drained again."""
+        if not rack:
+            return
+        async with self._rack_lock:
+            if rack in self._isolated and not again:
+                return
+            outcome = await self._store.tx(lambda tx: _isolate(tx, rack))
+            if outcome is None:
+                return
+            self._isolated.add(rack)
+        leaking, drained, requested = outcome
+        if requested:
+            log.error(
+                "rack %s: coolant leaks on %d trays (%s): rack drained, isolation requested",
+                rack,
+                len(leaking),
+                ", ".join(leaking),
+            )
+        if drained:
+            log.warning("rack %s: drained for isolation: %s", rack, ", ".join(drained))
+
+    # -- clearing --------------------------------------------------------------
+
+    async def clear(self, name: str, reason: str = "", by: str = "") -> None:
+        """Lift the node's power block (``kiln nodes clear-leak``); idempotent:
+        a node without one is left as it is and nothing is recorded.
+
+        The node stays where it is (powered off and out of service): an
+        operator undrains it to bring it back. The detectors are read first.
+
+        Raises:
+            NotFound: unknown node.
+            InvalidArgument: a reason with control characters, or too long.
+            FailedPrecondition: a detector of the node still reads Critical.
+        """
+        reason = reason.strip()
+        if len(reason) > MAX_REASON:
+            raise InvalidArgument(f"a reason is at most {MAX_REASON} characters")
+        if not reason.isprintable():
+            raise InvalidArgument("the reason has control characters")
+        async with self._node_locks[name]:
+            node = await self._nodes.record(name)
+            if not node.power_block:
+                return
+            readings, unread = await self._read_for_clear(node)
+            still = [r for r in readings if classify(r)[0] is LeakState.CRITICAL]
+            if still:
+                raise FailedPrecondition(
+                    f"node {name!r}: leak detector {still[0].name} still reports Critical; "
+                    "repair the leak (or the detector) before clearing it"
+                )
+
+            def write(tx: Tx) -> str:
+                node = load_node(tx, name)
+                cleared, node.power_block = node.power_block, ""
+                if not cleared:
+                    return node.rack
+                tx.nodes.save(node)
+                record(
+                    tx,
+                    EventKind.NODE_LEAK_CLEARED,
+                    node=name,
+                    allocation=node.allocation_id,
+                    reason=reason or "leak cleared by an operator",
+                    by=by,
+                    rack=node.rack,
+                    cleared=cleared,
+                    detectors_unread=unread,
+                )
+                return node.rack
+
+            rack = await self._store.tx(write)
+            memory = self._memory(name)
+            memory.states = {r.detector: classify(r)[0] for r in readings}
+        log.warning("node %s: leak cleared by %s (%s)", name, by or "an operator", reason or "-")
+        await self._recount(rack)
+
+    async def _read_for_clear(self, node: NodeRecord) -> tuple[list[LeakReading], str]:
+        """The node's readings now, and why none could be read ("" if they were)."""
+        target = (await self._nodes.targets([node]))[0]
+        try:
+            return await self._bmc.leak_detectors(target), ""
+        except NotSupported:
+            return [], ""
+        except KilnError as e:
+            return [], str(e)
+
+    async def _recount(self, rack: str) -> None:
+        """After a clear: a rack below the threshold may be isolated anew."""
+        if not rack:
+            return
+        blocked = sum(1 for n in await self._nodes.records() if n.rack == rack and n.power_block)
+        if blocked < RACK_ISOLATION_TRAYS:
+            self._isolated.discard(rack)
+
+
+def _isolate(tx: Tx, rack: str) -> tuple[list[str], list[str], bool] | None:
+    """Drain every node of ``rack`` that is not blocked, tell their jobs, and
+    record ``rack.isolation_requested`` unless it was requested since the
+    rack's last cleared leak. None when fewer than the threshold are blocked.
+    Returns (the blocked trays, the nodes drained now, whether it was recorded)."""
+    members = tx.nodes.find(rack=rack, with_health=False)
+    leaking = [n.name for n in members if n.power_block]
+    if len(leaking) < RACK_ISOLATION_TRAYS:
+        return None
+    why = f"rack {rack} isolated: coolant leaks on {len(leaking)} trays ({', '.join(leaking)})"
+    drained = []
+    for node in members:
+        if node.power_block or node.state == NodeState.DRAINING:
+            continue
+        if node.state in OUT_OF_SERVICE:
+            if not node.drained:
+                node.drained = True
+                tx.nodes.save(node)
+            continue
+        node.drained = True
+        if node.drain_target is None:
+            node.drain_target = NodeState.MAINTENANCE
+        tx.nodes.save(node)
+        move(tx, node, NodeState.DRAINING, why)
+        drained.append(node.name)
+        if node.allocation_id:
+            record(
+                tx,
+                EventKind.ALLOCATION_NOTICE,
+                node=node.name,
+                allocation=node.allocation_id,
+                reason=f"{node.name}: {why}; drained",
+                action="drain",
+            )
+    requested = not _isolation_requested(tx, rack)
+    if requested:
+        record(
+            tx,
+            EventKind.RACK_ISOLATION_REQUESTED,
+            reason=why,
+            rack=rack,
+            leaking=leaking,
+            drained=drained,
+            nodes=[n.name for n in members],
+        )
+    return leaking, drained, requested
+
+
+def _isolation_requested(tx: Tx, rack: str) -> bool:
+    """Whether the rack's isolation was requested after its last cleared leak."""
+
+    def of_rack(event: EventInfo) -> bool:
+        return bool(event.data.get("rack") == rack)
+
+    asked = tx.events.latest(EventKind.RACK_ISOLATION_REQUESTED, limit=1, where=of_rack)
+    if not asked:
+        return False
+    since = asked[-1].at
+    return not tx.events.latest(EventKind.NODE_LEAK_CLEARED, since_at=since, limit=1, where=of_rack)
+
+
+class PowerBlockGate:
+    """The ``BmcGateway`` for the core's own users, refusing on, cycle and
+    restart of a node whose power is blocked (read from the in-memory view
+    of the fleet) with ``FailedPrecondition``; everything else passes
+    through. ``Nodes.power`` checks the store itself; this catches the rest
+    (the preparation's reboot after BIOS settings)."""
+
+    def __init__(self, inner: BmcGateway, nodes: Nodes) -> None:
+        self._inner = inner
+        self._nodes = nodes
+
+    def _check(self, target: BmcTarget, action: str) -> None:
+        view = self._nodes.view
+        node = view.get(target.node) if view.ready else None
+        if action in POWER_ON_ACTIONS and node is not None and node.power_block:
+            raise power_blocked(target.node, node.power_block, action)
+
+    def canonical_url(self, url: str) -> str:
+        return self._inner.canonical_url(url)
+
+    def validate_target(self, url: str, username: str, password: str) -> str:
+        return self._inner.validate_target(url, username, password)
+
+    async def power_state(self, target: BmcTarget) -> str:
+        return await self._inner.power_state(target)
+
+    async def set_power(self, target: BmcTarget, action: str) -> str:
+        self._check(target, action)
+        return await self._inner.set_power(target, action)
+
+    def health(self, node: str) -> str:
+        return self._inner.health(node)
+
+    async def thermal_c(self, target: BmcTarget) -> list[float]:
+        return await self._inner.thermal_c(target)
+
+    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
+        return await self._inner.leak_detectors(target)
+
+    async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
+        return await self._inner.firmware_versions(target)
+
+    async def firmware_update(self, target: BmcTarget, image_url: str, component: str) -> None:
+        await self._inner.firmware_update(target, image_url, component)
+
+    async def bios_attributes(self, target: BmcTarget) -> dict[str, object]:
+        return await self._inner.bios_attributes(target)
+
+    async def bios_set(self, target: BmcTarget, attributes: dict[str, object]) -> None:
+        await self._inner.bios_set(target, attributes)
+
+    async def poll_power(
+        self, targets: list[BmcTarget], concurrency: int
+    ) -> dict[str, tuple[str | None, str]]:
+        return await self._inner.poll_power(targets, concurrency)
+
+    def forget(self, node: str) -> None:
+        self._inner.forget(node)
+
+    async def close(self) -> None:
+        await self._inner.close()
