@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.cli import power
+from controller.cli import node_checks, power
 from controller.cli.client import CliError, connect
 from controller.cli.output import (
     MISSING,
@@ -137,6 +137,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reason", default="", metavar="TEXT")
     p.set_defaults(func=cmd_remove)
 
+    node_checks.register(sub)
     power.register(sub)
 
 
