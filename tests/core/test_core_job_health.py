@@ -160,6 +160,9 @@ async def test_a_replacement_is_listed_and_the_failed_node_counts_only_while_hel
         await report_all(fleet, gpus, (failed, kept, spare), T0)
         gpus[failed].fault(kind="xid", gpu=0, code=31)
         await report_all(fleet, gpus, (failed, kept, spare), T0 + 5)
+        await fleet.drain(failed, "XID 31")  # draining, still in the allocation: counts
+        gpus[failed].fault(kind="xid", gpu=0, code=32)
+        await fleet.agent_health(failed, gpus[failed].report(T0 + 7))
 
         await fleet.allocations.node_failed(failed, "GPU 0 XID 31")
         gpus[failed].fault(kind="xid", gpu=0, code=43)  # after it left: not the job's
@@ -167,13 +170,13 @@ async def test_a_replacement_is_listed_and_the_failed_node_counts_only_while_hel
         await fleet.release(alloc.id)
         report = await fleet.allocations.report(alloc.id)
 
-        assert gpu(report, failed, 0).xids == (31,)
+        assert gpu(report, failed, 0).xids == (31, 32)
         assert len(report.replacements) == 1
         replaced = report.replacements[0]
         assert (replaced.failed, replaced.replacement) == (failed, spare)
         assert "GPU 0 XID 31" in replaced.reason and replaced.at > 0
         assert {g.node for g in report.gpus} == {failed, kept, spare}
-        assert report.reports == 8  # the failed node's report after it left is not one
+        assert report.reports == 9  # the failed node's report after it left is not one
 
 
 @pytest.mark.timeout(60)
