@@ -5,7 +5,9 @@ node's agent falls silent while the node is powered on, the node's BMC
 thermal sensors (Redfish) are sampled instead, so the thermal rules keep
 working. Every action — executed, dry-run or held back by a cap — is recorded
 as a ``policy.action`` event; executable ones drain, quarantine, power off or
-power-cycle the node through its BMC and tell the job that holds it.
+power-cycle (reboot) the node through its BMC, reset its GPUs through its
+agent once it is idle (``controller/core/gpu_resets.py``), and tell the job
+that holds it.
 
 Those events are also what the caps remember: before the first sample is
 evaluated, the engine is given back the actions recorded within the caps'
@@ -26,6 +28,7 @@ from functools import partial
 from controller.core.agents import AgentHub
 from controller.core.errors import KilnError
 from controller.core.eventlog import record
+from controller.core.gpu_resets import GpuResets
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.kinds import EventKind
 from controller.core.meter import Meter, NullMeter
@@ -47,6 +50,15 @@ from controller.policies import (
 log = logging.getLogger(__name__)
 
 WATCHED = (NodeState.READY, NodeState.ALLOCATED, NodeState.DRAINING, NodeState.PREPARING)
+# Actions that keep a node out of service after a GPU reset of it is done.
+TAKES_OUT = frozenset(
+    {
+        ActionKind.DRAIN,
+        ActionKind.QUARANTINE,
+        ActionKind.POWER_OFF_GRACEFUL,
+        ActionKind.POWER_OFF_NOW,
+    }
+)
 
 
 DERIVED = ("dbe_volatile", "nvlink_down", "fabric_degraded")
@@ -119,10 +131,13 @@ def _outcome(action: Action) -> str:
 class PolicyRunner:
     """Feeds the engine and executes what it decides, one action at a time.
 
-    ``tick_interval`` (how often delayed actions and silent nodes are looked
-    at), ``silent_after`` (seconds without an agent report before a powered-on
-    node is sampled through its BMC) and ``bmc_sample_interval`` are plain
-    attributes and may be changed while it runs.
+    ``tick_interval`` (how often delayed actions, waiting GPU resets and
+    silent nodes are looked at), ``silent_after`` (seconds without an agent
+    report before a powered-on node is sampled through its BMC),
+    ``bmc_sample_interval`` and ``cycle_quiet_s`` (a node the policies
+    power-cycled is not cycled again for that long: XID 79 and the recovery
+    action node_reboot both ask for the same reboot) are plain attributes and
+    may be changed while it runs; so are ``resets``' own.
     """
 
     def __init__(
@@ -157,6 +172,19 @@ class PolicyRunner:
         self._workers = BackgroundTasks()
         self._restored = False
         self._restoring = asyncio.Lock()
+        self.cycle_quiet_s = 300.0
+        self._cycled: dict[str, tuple[float, str]] = {}  # node -> (when, rule)
+        # A node back from a GPU reset starts its episodes afresh, as one an
+        # operator undrains does: what still holds fires again.
+        self.resets = GpuResets(
+            store,
+            nodes,
+            agents,
+            self._node_locks,
+            self._workers,
+            self._note,
+            lambda node: self.engine.forget(node),
+        )
 
     async def restore(self) -> None:
         """Give the engine's caps the actions recorded within their window
@@ -188,6 +216,7 @@ class PolicyRunner:
     async def observe(self, node: str, rack: str, health: HealthReport) -> None:
         """Evaluate one agent report of ``node`` and carry out what it triggers."""
         await self.restore()
+        self.resets.observe(node, health)
         sample = sample_from_report(node, rack, self._clock(), health)
         self._dispatch(self.engine.observe(sample))
 
@@ -196,6 +225,7 @@ class PolicyRunner:
             try:
                 await self.restore()
                 self._dispatch(self.engine.tick(self._clock()))
+                await self.resets.advance()
                 await self._sample_silent_nodes()
             except Exception:
                 log.exception("policy pass failed")
@@ -232,7 +262,9 @@ class PolicyRunner:
     def forget(self, node: str) -> None:
         """Forget ``node``'s health history (back from repair, or removed)."""
         self.engine.forget(node)
+        self.resets.forget(node)
         self._last_bmc_sample.pop(node, None)
+        self._cycled.pop(node, None)
 
     def _dispatch(self, actions: list[Action]) -> None:
         """Carry actions out in the background, in order per node, so a slow BMC
@@ -282,6 +314,7 @@ class PolicyRunner:
             dry_run=action.dry_run,
             suppressed=action.suppressed,
             outcome=outcome,
+            gpus=list(action.gpus),
         )
         return allocation
 
@@ -294,6 +327,8 @@ class PolicyRunner:
         log.warning(
             "node %s: policy %s → %s (%s)", action.node, action.rule, kind.value, action.reason
         )
+        if kind in TAKES_OUT:
+            self.resets.kept_out(action.node, action.rule)  # once reset, it stays out
         if kind == ActionKind.NOTIFY_JOB:
             await self._store.tx(lambda tx: self._notify_job(tx, action))
         elif kind == ActionKind.DRAIN:
@@ -301,6 +336,8 @@ class PolicyRunner:
         elif kind == ActionKind.QUARANTINE:
             await self._store.tx(lambda tx: self._drain(tx, action, NodeState.QUARANTINED))
             await self._on_node_failed(action.node, action.reason)
+        elif kind == ActionKind.RESET_GPU:
+            await self.resets.start(action)
         elif kind in (ActionKind.POWER_OFF_GRACEFUL, ActionKind.POWER_OFF_NOW):
             # Out of service first, powered_off only once the BMC has done it:
             # a power-off the BMC refuses leaves the node drained, never a
@@ -311,8 +348,23 @@ class PolicyRunner:
             await self._store.tx(lambda tx: self._powered_off(tx, action))
             await self._on_node_failed(action.node, action.reason)
         elif kind == ActionKind.POWER_CYCLE:
-            await self._store.tx(lambda tx: self._note(tx, action, "power cycle"))
-            await self._nodes.power(action.node, "cycle")
+            await self._power_cycle(action)
+
+    async def _power_cycle(self, action: Action) -> None:
+        """Reboot the node through its BMC, unless the policies did within
+        ``cycle_quiet_s`` (a second rule asking for the same reboot)."""
+        now = self._clock()
+        last = self._cycled.get(action.node)
+        if last is not None and now - last[0] < self.cycle_quiet_s:
+            skipped = f"skipped: power-cycled {now - last[0]:.0f}s ago by rule {last[1]}"
+            await self._store.tx(lambda tx: self._note(tx, action, skipped))
+            return
+        await self._store.tx(lambda tx: self._note(tx, action, "power cycle"))
+        await self._nodes.power(action.node, "cycle")
+        for node, (at, _) in list(self._cycled.items()):
+            if now - at >= self.cycle_quiet_s:
+                del self._cycled[node]
+        self._cycled[action.node] = (now, action.rule)
 
     def _notify_job(self, tx: Tx, action: Action) -> None:
         allocation = self._note(tx, action, "job notified")

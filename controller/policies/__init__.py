@@ -1,4 +1,4 @@
-"""Health policies: declarative rules that drain, quarantine or power down nodes.
+"""Health policies: declarative rules that drain, quarantine, reset GPUs or power down nodes.
 
 Pure domain code: no I/O except reading a rule file, no clock (times are
 passed in). See ``docs/policies.md``.
@@ -19,6 +19,7 @@ from controller.policies.rules import (
     BlastRadius,
     Metric,
     Op,
+    RecoveryAction,
     Rule,
     RuleSet,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "Op",
     "PastAction",
     "PolicyEngine",
+    "RecoveryAction",
     "Rule",
     "RuleSet",
     "RuleSetError",

@@ -5,8 +5,9 @@ Two budgets are kept, both in distinct nodes per rack and fleet-wide:
 - **per rule** (a rule's ``caps``): the power-offs and the power cycles of
   one rule, each family on its own;
 - **shared** (the rule set's ``blast_radius``): every rule's actions of the
-  counted kinds together, so no mix of rules can take more of a rack down
-  than the budget allows.
+  counted kinds together (drain, quarantine, power off, power cycle, GPU
+  reset, unless ``counts`` says otherwise), so no mix of rules can take more
+  of a rack down than the budget allows.
 
 An action is admitted only when every budget that applies to it admits it,
 and only then is it counted. A :class:`CapLedger` belongs to one engine and is

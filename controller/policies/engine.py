@@ -33,6 +33,7 @@ from controller.policies.rules import (
     ActionKind,
     ActionSpec,
     Metric,
+    RecoveryAction,
     Rule,
     RuleSet,
 )
@@ -46,7 +47,9 @@ class Action:
     """Something the controller should do to ``node`` because ``rule`` fired.
 
     ``dry_run``: report only, never execute. ``suppressed``: a cap refused it
-    (``"cap: ..."``); report it, never execute it.
+    (``"cap: ..."``); report it, never execute it. ``gpus``: the indices of
+    the GPUs whose series fired the rule, ascending (empty for a BMC sample):
+    the GPUs a ``reset_gpu`` resets.
     """
 
     rule: str
@@ -56,6 +59,7 @@ class Action:
     at: float
     dry_run: bool = False
     suppressed: str | None = None
+    gpus: tuple[int, ...] = ()
 
     @property
     def executable(self) -> bool:
@@ -76,6 +80,7 @@ class _FollowUp:
     rack: str
     kind: ActionKind
     reason: str
+    gpus: tuple[int, ...] = ()
     cancelled: bool = False
 
 
@@ -137,7 +142,15 @@ class PolicyEngine:
             if follow.cancelled:
                 continue
             actions.append(
-                self._emit(follow.rule, follow.node, follow.rack, follow.kind, follow.reason, now)
+                self._emit(
+                    follow.rule,
+                    follow.node,
+                    follow.rack,
+                    follow.kind,
+                    follow.reason,
+                    now,
+                    follow.gpus,
+                )
             )
         return actions
 
@@ -216,19 +229,28 @@ class PolicyEngine:
             for v in ripe:
                 assert isinstance(v.value, tuple)
                 seen_xids.update(v.value)
+        gpus = tuple(sorted({v.gpu for v in ripe if v.gpu is not None}))
         log.warning("node %s: rule %s fired: %s", sample.node, rule.name, reason)
         actions: list[Action] = []
         for spec in rule.actions:
             if spec.on_xids is not None and not spec.on_xids & seen_xids:
                 continue
             if spec.after_s > 0:
-                self._schedule(rule, sample, spec, reason, state)
+                self._schedule(rule, sample, spec, reason, state, gpus)
                 continue
-            actions.append(self._emit(rule, sample.node, sample.rack, spec.kind, reason, sample.at))
+            actions.append(
+                self._emit(rule, sample.node, sample.rack, spec.kind, reason, sample.at, gpus)
+            )
         return actions
 
     def _schedule(
-        self, rule: Rule, sample: HealthSample, spec: ActionSpec, reason: str, state: _RuleNodeState
+        self,
+        rule: Rule,
+        sample: HealthSample,
+        spec: ActionSpec,
+        reason: str,
+        state: _RuleNodeState,
+        gpus: tuple[int, ...],
     ) -> None:
         due = sample.at + spec.after_s
         follow = _FollowUp(
@@ -238,12 +260,20 @@ class PolicyEngine:
             rack=sample.rack,
             kind=spec.kind,
             reason=f"{reason}; still active after {spec.after_s:g}s grace",
+            gpus=gpus,
         )
         state.pending.append(follow)
         heapq.heappush(self._queue, (due, next(self._order), follow))
 
     def _emit(
-        self, rule: Rule, node: str, rack: str, kind: ActionKind, reason: str, at: float
+        self,
+        rule: Rule,
+        node: str,
+        rack: str,
+        kind: ActionKind,
+        reason: str,
+        at: float,
+        gpus: tuple[int, ...] = (),
     ) -> Action:
         dry_run = self._rules.dry_run or rule.dry_run
         suppressed = self._caps.admit(rule, kind, node, rack, at, dry_run=dry_run)
@@ -251,7 +281,7 @@ class PolicyEngine:
             log.warning("node %s: %s by rule %s suppressed: %s", node, kind, rule.name, suppressed)
         if kind is ActionKind.POWER_OFF_NOW and suppressed is None:
             self._cancel_graceful(node)
-        return Action(rule.name, node, kind, reason, at, dry_run, suppressed)
+        return Action(rule.name, node, kind, reason, at, dry_run, suppressed, gpus)
 
     def _cancel_graceful(self, node: str) -> None:
         # An immediate power-off supersedes any graceful one still waiting.
@@ -269,6 +299,9 @@ def _reason(rule: Rule, sample: HealthSample, value: SeriesValue, streak: _Strea
         wanted = rule.when.value if isinstance(rule.when.value, frozenset) else frozenset()
         matched = sorted(x for x in value.value if x in wanted)
         observed = f"xid {matched}"
+    elif rule.when.metric is Metric.RECOVERY_ACTION:
+        assert isinstance(value.value, float)
+        observed = f"{rule.when.metric}={RecoveryAction(int(value.value)).label}"
     elif isinstance(value.value, bool):
         observed = f"{rule.when.metric}={str(value.value).lower()}"
     else:

@@ -24,6 +24,7 @@ from controller.policies.rules import (
     NUMERIC_METRICS,
     POWER_OFF_KINDS,
     TAKE_DOWN_KINDS,
+    THERMAL_METRICS,
     ActionKind,
     ActionSpec,
     BlastRadius,
@@ -32,6 +33,7 @@ from controller.policies.rules import (
     Condition,
     Metric,
     Op,
+    RecoveryAction,
     Rule,
     RuleSet,
     Thresholds,
@@ -58,6 +60,7 @@ _TAKE_DOWNS = {
     "quarantine": frozenset({ActionKind.QUARANTINE}),
     "power_off": POWER_OFF_KINDS,
     "power_cycle": frozenset({ActionKind.POWER_CYCLE}),
+    "reset_gpu": frozenset({ActionKind.RESET_GPU}),
 }
 _THRESHOLD_KEYS = {"slowdown_c", "shutdown_c"}
 _SIMPLE_ACTIONS = {
@@ -65,7 +68,11 @@ _SIMPLE_ACTIONS = {
     "notify_job": ActionKind.NOTIFY_JOB,
     "quarantine": ActionKind.QUARANTINE,
     "power_cycle": ActionKind.POWER_CYCLE,
+    # Kiln reboots a node by power-cycling it through its BMC: one action, two names.
+    "reboot": ActionKind.POWER_CYCLE,
+    "reset_gpu": ActionKind.RESET_GPU,
 }
+_RECOVERY_NAMES = ", ".join(a.label for a in RecoveryAction)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -207,8 +214,12 @@ def _condition(raw: object, where: str) -> Condition:
         if op is not Op.IN:
             raise RuleSetError(f"{where}.op", "metric xid takes 'in: [xid, ...]'")
         return Condition(metric, op, _xid_set(value, f"{where}.in"))
+    if metric is Metric.RECOVERY_ACTION:
+        return _recovery_condition(op, value, where)
     if op is Op.IN:
-        raise RuleSetError(f"{where}.op", f"'in' only applies to metric xid, not {metric}")
+        raise RuleSetError(
+            f"{where}.op", f"'in' only applies to metric xid or recovery_action, not {metric}"
+        )
     if metric in BOOL_METRICS:
         if op not in (Op.EQ, Op.NE) or not isinstance(value, bool):
             raise RuleSetError(
@@ -223,6 +234,32 @@ def _condition(raw: object, where: str) -> Condition:
     return Condition(metric, op, float(value))
 
 
+def _recovery_condition(op: Op, value: object, where: str) -> Condition:
+    """``recovery_action in [names]``, ``== name`` or ``!= name``."""
+    metric = Metric.RECOVERY_ACTION
+    if op is Op.IN:
+        if not isinstance(value, list) or not value:
+            raise RuleSetError(
+                f"{where}.in", f"must be a non-empty list of recovery actions ({_RECOVERY_NAMES})"
+            )
+        codes = frozenset(int(_recovery_name(v, f"{where}.in")) for v in value)
+        return Condition(metric, op, codes)
+    if op not in (Op.EQ, Op.NE):
+        raise RuleSetError(
+            f"{where}.op",
+            f"metric {metric} takes '==' or '!=' with a recovery action, or 'in: [...]', "
+            f"not {op.value!r}",
+        )
+    return Condition(metric, op, float(_recovery_name(value, f"{where}.value")))
+
+
+def _recovery_name(raw: object, where: str) -> RecoveryAction:
+    action = RecoveryAction.named(raw) if isinstance(raw, str) else None
+    if action is None:
+        raise RuleSetError(where, f"unknown recovery action {raw!r} (known: {_RECOVERY_NAMES})")
+    return action
+
+
 def _actions(raw: object, when: Condition, where: str) -> tuple[ActionSpec, ...]:
     if not isinstance(raw, list) or not raw:
         raise RuleSetError(where, "must be a non-empty list")
@@ -232,6 +269,12 @@ def _actions(raw: object, when: Condition, where: str) -> tuple[ActionSpec, ...]
         raise RuleSetError(where, "lists the same action twice")
     if ActionKind.POWER_OFF_NOW in kinds and ActionKind.POWER_OFF_GRACEFUL in kinds:
         raise RuleSetError(where, "power_off: now and power_off: graceful exclude each other")
+    if ActionKind.RESET_GPU in kinds and when.metric in THERMAL_METRICS:
+        raise RuleSetError(
+            where,
+            f"reset_gpu needs a GPU to reset, and a rule on {when.metric} may fire on a BMC "
+            "sample, which names none (and a reset does not cool a GPU)",
+        )
     return tuple(specs)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from controller.policies.rules import Metric, Thresholds
+from controller.policies.rules import Metric, RecoveryAction, Thresholds
 from controller.policies.samples import GpuReading, HealthSample
 
 #: Temperatures outside this range are broken sensors, not hot GPUs.
@@ -27,6 +27,7 @@ Value = float | bool | tuple[int, ...]
 class SeriesValue:
     series: str
     value: Value | None
+    gpu: int | None = None  # the GPU's index (None: a BMC sensor)
 
     @property
     def known(self) -> bool:
@@ -63,7 +64,9 @@ def series_values(metric: Metric, sample: HealthSample, fallback: Thresholds) ->
             SeriesValue(f"bmc{i}", _temp_metric(metric, t, None, None, fallback))
             for i, t in enumerate(sample.bmc_temps_c)
         ]
-    return [SeriesValue(f"gpu{g.index}", _gpu_value(metric, g, fallback)) for g in sample.gpus]
+    return [
+        SeriesValue(f"gpu{g.index}", _gpu_value(metric, g, fallback), g.index) for g in sample.gpus
+    ]
 
 
 def _gpu_value(metric: Metric, gpu: GpuReading, fallback: Thresholds) -> Value | None:
@@ -78,6 +81,8 @@ def _gpu_value(metric: Metric, gpu: GpuReading, fallback: Thresholds) -> Value |
     if metric is Metric.NVLINK_DOWN:
         down = gpu.nvlink_down
         return float(down) if isinstance(down, int) and not isinstance(down, bool) else None
+    if metric is Metric.RECOVERY_ACTION:
+        return _recovery_action(gpu)
     if metric is Metric.FABRIC_DEGRADED:
         return gpu.fabric_degraded if isinstance(gpu.fabric_degraded, bool) else None
     if metric is Metric.ECC_DBE_VOLATILE:
@@ -86,6 +91,15 @@ def _gpu_value(metric: Metric, gpu: GpuReading, fallback: Thresholds) -> Value |
             return None
         return float(dbe)
     return _temp_metric(metric, gpu.temp_c, gpu.slowdown_c, gpu.shutdown_c, fallback)
+
+
+def _recovery_action(gpu: GpuReading) -> float | None:
+    """The field's code, if it is one Kiln knows; a lost GPU reads nothing."""
+    code = gpu.recovery_action
+    if gpu.lost or isinstance(code, bool) or not isinstance(code, int):
+        return None
+    action = RecoveryAction.known(code)
+    return None if action is None else float(action)
 
 
 def _temp_metric(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 
 class ActionKind(StrEnum):
@@ -21,15 +21,60 @@ class ActionKind(StrEnum):
     POWER_OFF_GRACEFUL = "power_off_graceful"
     POWER_OFF_NOW = "power_off_now"
     QUARANTINE = "quarantine"
-    POWER_CYCLE = "power_cycle"
+    POWER_CYCLE = "power_cycle"  # a reboot: the BMC power-cycles the node
+    RESET_GPU = "reset_gpu"  # reset the GPUs that fired once the node is idle
 
 
 #: Kinds that take a node down and are therefore subject to caps.
 POWER_OFF_KINDS = frozenset({ActionKind.POWER_OFF_GRACEFUL, ActionKind.POWER_OFF_NOW})
 #: Kinds that take a node out of service: what a rule set's blast radius may count.
+#: A GPU reset does: the node leaves scheduling (an allocated one drains) until
+#: its GPUs are reset and report healthy again.
 TAKE_DOWN_KINDS = frozenset(
-    {ActionKind.DRAIN, ActionKind.QUARANTINE, ActionKind.POWER_CYCLE, *POWER_OFF_KINDS}
+    {
+        ActionKind.DRAIN,
+        ActionKind.QUARANTINE,
+        ActionKind.POWER_CYCLE,
+        ActionKind.RESET_GPU,
+        *POWER_OFF_KINDS,
+    }
 )
+
+
+class RecoveryAction(IntEnum):
+    """What the driver says a GPU needs: NVML's ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``
+    field (``nvmlDeviceGpuRecoveryAction_t``). Rules name them in lower case
+    (``gpu_reset``); a value not listed here is unknown to Kiln."""
+
+    NONE = 0
+    GPU_RESET = 1
+    NODE_REBOOT = 2
+    DRAIN_P2P = 3
+    DRAIN_AND_RESET = 4
+    RECOVER_IMEX_DOMAIN = 5
+    BUS_RESET = 6
+    SYSTEM_REBOOT = 7
+
+    @property
+    def label(self) -> str:
+        """The name rules use: ``gpu_reset``, ``drain_and_reset``, ..."""
+        return self.name.lower()
+
+    @classmethod
+    def named(cls, label: str) -> RecoveryAction | None:
+        """The action a rule names (``"gpu_reset"``), or None for an unknown name."""
+        try:
+            return cls[label.upper()] if label == label.lower() else None
+        except KeyError:
+            return None
+
+    @classmethod
+    def known(cls, code: int) -> RecoveryAction | None:
+        """The action of a field value, or None for a value Kiln does not know."""
+        try:
+            return cls(code)
+        except ValueError:
+            return None
 
 
 class Metric(StrEnum):
@@ -45,6 +90,7 @@ class Metric(StrEnum):
     XID = "xid"
     NVLINK_DOWN = "nvlink_down"  # how many of the GPU's NVLinks are down
     FABRIC_DEGRADED = "fabric_degraded"  # NVLink fabric joined but not healthy
+    RECOVERY_ACTION = "recovery_action"  # NVML's recovery action field (RecoveryAction)
 
 
 NUMERIC_METRICS = frozenset(
@@ -91,21 +137,33 @@ COMPARISONS: dict[Op, Callable[[float, float], bool]] = {
 
 @dataclass(frozen=True, slots=True)
 class Condition:
-    """``metric op value``; for :attr:`Op.IN` ``value`` is a frozenset of XIDs."""
+    """``metric op value``. For :attr:`Op.IN` ``value`` is a frozenset of XIDs
+    or of :class:`RecoveryAction` codes; for ``recovery_action ==``/``!=`` it
+    is the action's code."""
 
     metric: Metric
     op: Op
     value: float | bool | frozenset[int]
 
     def holds(self, observed: float | bool | tuple[int, ...]) -> bool:
-        """Whether a *valid* observed value satisfies the condition."""
+        """Whether a *valid* observed value satisfies the condition: for
+        ``xid`` a tuple of XIDs (any one in the set matches), for
+        ``recovery_action`` the field's code."""
         if self.op is Op.IN:
-            assert isinstance(self.value, frozenset) and isinstance(observed, tuple)
-            return any(x in self.value for x in observed)
+            assert isinstance(self.value, frozenset)
+            if isinstance(observed, tuple):
+                return any(x in self.value for x in observed)
+            return observed in self.value
         assert not isinstance(self.value, frozenset) and not isinstance(observed, tuple)
         return COMPARISONS[self.op](observed, self.value)
 
     def describe(self) -> str:
+        if self.metric is Metric.RECOVERY_ACTION:
+            codes = self.value if isinstance(self.value, frozenset) else {self.value}
+            names = sorted(RecoveryAction(int(c)).label for c in codes)
+            if self.op is Op.IN:
+                return f"{self.metric} in [{', '.join(names)}]"
+            return f"{self.metric} {self.op} {names[0]}"
         if isinstance(self.value, frozenset):
             return f"{self.metric} in {sorted(self.value)}"
         value = str(self.value).lower() if isinstance(self.value, bool) else f"{self.value:g}"

@@ -27,6 +27,10 @@ class GpuReading:
     ``temp_c`` is the GPU core temperature; ``slowdown_c`` and ``shutdown_c``
     are the part's own thresholds as NVML reports them (``None`` when unknown).
     ``lost`` marks a GPU that has fallen off the bus (NVML ``GpuIsLost``).
+    ``recovery_action`` is NVML's ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` field
+    (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset; see
+    :class:`controller.policies.rules.RecoveryAction`), ``None`` when not read.
+    Unlike ``xids`` it is a level: it stays set until the GPU is recovered.
     """
 
     index: int
@@ -40,6 +44,7 @@ class GpuReading:
     lost: bool = False
     nvlink_down: int | None = None  # links down (None: not known)
     fabric_degraded: bool | None = None  # None: no fabric (HGX) or not joined yet
+    recovery_action: int | None = None  # NVML's recovery action field (None: not read)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ def gpu(
     lost: bool = False,
     nvlink_down: int | None = 0,
     fabric_degraded: bool | None = None,
+    recovery_action: int | None = 0,
 ) -> GpuReading:
     return GpuReading(
         index=index,
@@ -36,6 +37,7 @@ def gpu(
         lost=lost,
         nvlink_down=nvlink_down,
         fabric_degraded=fabric_degraded,
+        recovery_action=recovery_action,
     )
 
 

@@ -6,6 +6,9 @@ import pytest
 from policy_builders import agent, bmc, feed, gpu, hot, kinds
 
 from controller.policies import ActionKind, HealthSample, Metric, PolicyEngine, load_default_rules
+from controller.policies import RecoveryAction as RA
+
+pytestmark = pytest.mark.timeout(30)
 
 
 def every(seconds: float, count: int, make: object, start: float = 0.0) -> list[HealthSample]:
@@ -52,8 +55,8 @@ CASES = [
     ),
     pytest.param(
         [agent("n1", t, gpu(0, remap_pending=True)) for t in (0, 10)],
-        ["drain"],
-        id="row-remap-pending-drains",
+        ["reset_gpu"],
+        id="row-remap-pending-resets-the-gpu",
     ),
     pytest.param(
         [agent("n1", t, gpu(0, None, lost=True), gpu(1)) for t in (0, 10)],
@@ -77,8 +80,58 @@ CASES = [
     ),
     pytest.param(
         [agent("n1", 0, gpu(0, xids=(62,)))],
+        ["notify_job", "reset_gpu"],
+        id="xid-62-resets-the-gpu",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0), gpu(1, xids=(95,)), gpu(2, xids=(158,)))],
+        ["notify_job", "reset_gpu"],
+        id="xid-95-and-158-one-reset-of-both-gpus",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0, recovery_action=RA.GPU_RESET))],
+        ["notify_job", "reset_gpu"],
+        id="recovery-gpu-reset-resets",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0), gpu(1, recovery_action=RA.DRAIN_AND_RESET))],
+        ["notify_job", "reset_gpu"],
+        id="recovery-drain-and-reset-resets",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0, recovery_action=RA.DRAIN_P2P))],
+        ["notify_job", "reset_gpu"],
+        id="recovery-drain-p2p-drains-then-resets",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0, recovery_action=RA.NODE_REBOOT))],
+        ["notify_job", "quarantine", "power_cycle"],
+        id="recovery-node-reboot-quarantines-and-reboots",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0, recovery_action=RA.SYSTEM_REBOOT))],
+        ["notify_job", "quarantine", "power_cycle"],
+        id="recovery-system-reboot-quarantines-and-reboots",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0, recovery_action=RA.BUS_RESET))],
         ["notify_job", "drain"],
-        id="xid-62-drains-for-gpu-reset",
+        id="recovery-bus-reset-drains-for-an-operator",
+    ),
+    pytest.param(
+        [agent("n1", t, gpu(0), gpu(1)) for t in (0, 10)],
+        [],
+        id="recovery-none-nothing",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0, recovery_action=99))],
+        [],
+        id="recovery-action-unknown-to-kiln-nothing",
+    ),
+    pytest.param(
+        [agent("n1", 0, gpu(0, xids=(154,)))],
+        [],
+        id="xid-154-alone-nothing-the-field-decides",
     ),
     pytest.param(
         [agent("n1", 0, gpu(0, xids=(74,)))],

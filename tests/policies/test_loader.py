@@ -9,6 +9,8 @@ import pytest
 from controller.core.errors import InvalidArgument
 from controller.policies import ActionKind, Metric, Op, RuleSetError, load_default_rules, load_rules
 
+pytestmark = pytest.mark.timeout(30)
+
 VALID = """
 version: v1
 dry_run: false
@@ -130,9 +132,9 @@ BAD = [
         id="in-on-non-xid",
     ),
     pytest.param(
-        rule(HOT + "  actions: [reboot]"),
+        rule(HOT + "  actions: [reboot_now]"),
         "rule 'hot' field 'actions'[0]",
-        "unknown action 'reboot'",
+        "unknown action 'reboot_now'",
         id="unknown-action",
     ),
     pytest.param(
