@@ -135,7 +135,9 @@ async def test_gang_allocations_are_whole_idempotent_queued_and_released(
     events = stub.WatchEvents(fleet_pb2.WatchEventsRequest(allocation=rack.id, follow=False))
     kinds = [e.kind async for e in events]
     assert kinds[0] == "allocation.created" and "allocation.ready" in kinds
-    assert kinds[-1] in ("allocation.released", "node.transition")
+    assert kinds[-1] in ("allocation.released", "allocation.health_report", "node.transition")
+    assert kinds.count("allocation.released") == 1  # a second release records nothing
+    assert kinds.count("allocation.health_report") == 1
 
 
 async def test_agents_report_health_that_the_controller_shows(harness: Harness) -> None:
