@@ -172,7 +172,7 @@ class GpuResets:
         if new and plan.stage is Stage.VERIFYING:
             plan.stage = Stage.WAITING  # reset again, these GPUs with the others
         if new:
-            outcome = f"{shown(new)} join the GPU reset under way ({plan.stage.value})"
+            outcome = f"{shown(new)} added to the GPU reset under way ({plan.stage.value})"
         else:
             outcome = f"the GPU reset of {shown(plan.gpus)} is under way ({plan.stage.value})"
         await self._store.tx(lambda tx: self._note(tx, action, outcome))
@@ -241,6 +241,8 @@ class GpuResets:
         node = await self._nodes.record(name)
         if plan.stage is not Stage.WAITING or node.state != S.MAINTENANCE:
             return
+        if not self._agents.is_connected(name):
+            return  # ``advance`` starts it once the agent is back
         gpus = sorted(plan.gpus)
         command = AgentCommand("reset_gpu", json.dumps(gpus))
         try:
