@@ -7,8 +7,11 @@ driver does. Each test injects a fault through the API and reads the outcome
 where it lands: the fake's field through NVML, node states over gRPC, the
 controller's events, the emulator's power state.
 
-The last test drives the core alone (``core_fakes``) to show that two rules
-asking for the same reboot in one report power-cycle the node once.
+The last tests drive the core alone, on both stores (``core_fakes`` plays
+the BMC and answers for the agent): two rules asking for the same reboot in
+one report power-cycle the node once; a GPU still asking for a reset after
+its reset quarantines the node; and a controller restarted mid-reset picks
+the reset up from what the GPU still says and the node's reason.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from core_builders import Racks
-from core_fakes import FakeBmc
+from core_builders import Racks, gpus, reconcile
+from core_fakes import FakeBmc, answering
 from recovery_harness import recovery_fleet, state
 
 from controller.core.fleet import Fleet
 from controller.core.health import GpuHealth, HealthReport
+from controller.core.model import AgentCommand, AllocationSpec, CommandOutcome
 from controller.core.states import NodeState
 
 GPU_RESET = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
@@ -190,3 +194,89 @@ async def test_two_rules_asking_for_one_reboot_power_cycle_once(
         assert cycles[1][1].startswith("skipped: power-cycled 0s ago by rule fatal-xid")
         assert (await fleet.get_node("n1")).state in (NodeState.DRAINING, NodeState.QUARANTINED)
         await fleet.stop()
+
+
+def asks(action: int) -> HealthReport:
+    """A one-GPU report whose recovery action is ``action``."""
+    return HealthReport(gpus=(GpuHealth(index=0, temp_c=50.0, recovery_action=action),))
+
+
+class Agent:
+    """Answers the core's commands as an agent would, and keeps them."""
+
+    def __init__(self) -> None:
+        self.commands: list[AgentCommand] = []
+
+    def __call__(self, command: AgentCommand) -> CommandOutcome:
+        self.commands.append(command)
+        return CommandOutcome(ok=True, changed=(command.kind,))
+
+    def resets(self) -> list[str]:
+        return [c.payload for c in self.commands if c.kind == "reset_gpu"]
+
+
+@pytest.mark.timeout(60)
+async def test_a_gpu_still_asking_after_its_reset_quarantines_the_node(
+    make_fleet: Callable[..., Fleet],
+) -> None:
+    agent = Agent()
+    async with contextlib.AsyncExitStack() as stack:
+        fleet = make_fleet()
+        stack.push_async_callback(fleet.stop)
+        await Racks(fleet, stack).add(["n1"], rack="r1", gpu_count=1, answer=agent)
+        await fleet.agent_health("n1", asks(GPU_RESET))
+        await fleet.policies.settle()
+        assert agent.resets() == ["[0]"]
+        assert (await fleet.get_node("n1")).state == NodeState.MAINTENANCE
+        for _ in range(2):
+            await fleet.agent_health("n1", asks(GPU_RESET))
+            await fleet.policies.settle()
+            assert (await fleet.get_node("n1")).state == NodeState.MAINTENANCE
+        await fleet.agent_health("n1", asks(GPU_RESET))  # the third report after it
+        await fleet.policies.settle()
+        node = await fleet.get_node("n1")
+        assert node.state == NodeState.QUARANTINED
+        assert node.state_reason == (
+            "recovery-gpu-reset: GPU reset failed: GPU 0 still asks for gpu_reset "
+            "3 reports after its reset"
+        )
+        assert agent.resets() == ["[0]"]  # reset once, not again and again
+
+
+@pytest.mark.timeout(60)
+async def test_a_restarted_controller_resumes_a_reset_from_the_gpu_and_the_reason(
+    make_fleet: Callable[..., Fleet],
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        before = make_fleet()
+        await Racks(before, stack).add(["n1"], rack="r1", gpu_count=1)
+        alloc = await before.create_allocation("job", AllocationSpec(nodes=1))
+        await before.agent_health("n1", asks(GPU_RESET))
+        await before.policies.settle()
+        held = await before.get_node("n1")
+        assert held.state == NodeState.DRAINING and held.allocation == alloc.id
+        assert held.state_reason.startswith("GPU reset: recovery-gpu-reset: gpu0")
+        await before.stop()
+
+        # Another controller on the same store: its agent registers, reports
+        # the field still set, and the job lets go of the node.
+        after = make_fleet()
+        stack.push_async_callback(after.stop)
+        agent = Agent()
+        session = await after.agent_connected("n1", gpus(1, "NVIDIA GB200", "r1"), "")
+        await stack.enter_async_context(answering(after.agents, session, agent))
+        await after.agent_health("n1", asks(GPU_RESET))
+        await after.policies.settle()
+        assert agent.resets() == []  # the job still holds it
+        await after.release(alloc.id)
+        await reconcile(after, passes=2)  # draining → maintenance
+        assert (await after.get_node("n1")).state == NodeState.MAINTENANCE
+        await after.policies.resets.advance()
+        await after.policies.settle()
+        assert agent.resets() == ["[0]"]
+        await after.agent_health("n1", asks(NONE))
+        await after.policies.settle()
+        # Its reason said a reset took it out: back to service, not left out.
+        assert (await after.get_node("n1")).state == NodeState.INSPECTING
+        await reconcile(after)
+        assert (await after.get_node("n1")).state == NodeState.READY
