@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from controller.checks import load_default_suite
 from controller.cli.pages import every_page_async
 from controller.policies import RuleSet, load_rules
 from controller.server import ControllerConfig, ControllerServer
@@ -92,6 +93,7 @@ async def demo(args: argparse.Namespace, say: Say) -> int:
             reconcile_interval=0.5,
             sample_interval=1.0,
             rules=demo_rules(),
+            checks=load_default_suite(),  # intake burn-in before a node is first ready
             simulation=True,  # the thermal scenario injects faults
             http_listen="127.0.0.1:0" if args.serve else None,  # the dashboard
         )
@@ -110,6 +112,7 @@ async def demo(args: argparse.Namespace, say: Say) -> int:
             await enroll_all(stub, fleet, say)
             if not await wait_ready(stub, len(fleet.specs), args.timeout, say):
                 return 1
+            await report_burn_in(stub, fleet, say)
             if args.serve:
                 return await serve(address, say, dashboard=controller.http_address)
             ok = await allocate_and_release(stub, say)
@@ -146,6 +149,21 @@ async def enroll_all(stub: fleet_pb2_grpc.FleetServiceStub, fleet: SimFleet, say
     say(
         f"enrol       {len(fleet.specs)} nodes through the API: "
         + ", ".join(f"{n} × {k.upper()}" for k, n in sorted(kinds.items()))
+    )
+
+
+async def report_burn_in(stub: fleet_pb2_grpc.FleetServiceStub, fleet: SimFleet, say: Say) -> None:
+    """How many nodes passed their intake checks, and which checks those were."""
+    passed, names = 0, []
+    for spec in fleet.specs:
+        answer = await stub.ListChecks(fleet_pb2.ListChecksRequest(node=spec.name))
+        intake = [r for r in answer.runs if r.trigger == "intake" and r.passed]
+        if intake:
+            passed += 1
+            names = [c.name for c in intake[-1].checks]
+    say(
+        f"burn-in     {passed} of {len(fleet.specs)} nodes passed intake checks "
+        f"({', '.join(names) or 'none'}) before they were ready; see kiln nodes checks NODE"
     )
 
 
