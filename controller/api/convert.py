@@ -11,6 +11,7 @@ from controller.core.checks import CheckRunInfo
 from controller.core.errors import InvalidArgument
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.identity import TokenInfo
+from controller.core.job_health import AllocationReport
 from controller.core.model import (
     AllocationInfo,
     AllocationSpec,
@@ -283,6 +284,24 @@ def allocation_pb(a: AllocationInfo) -> fleet_pb2.Allocation:
     fields = dataclasses.asdict(a)
     fields.update(spec=spec_pb(a.spec), state=ALLOCATION_STATE.get(a.state, 0))
     return fleet_pb2.Allocation(**fields)
+
+
+def allocation_report_pb(r: AllocationReport) -> fleet_pb2.AllocationReport:
+    gpus = []
+    for g in r.gpus:
+        fields = dataclasses.asdict(g)
+        if g.max_temp_c is None:  # optional: absent, not 0
+            del fields["max_temp_c"]
+        gpus.append(fleet_pb2.GpuJobHealth(**fields))
+    return fleet_pb2.AllocationReport(
+        allocation=r.allocation,
+        started_at=r.started_at,
+        ended_at=r.ended_at,
+        gpus=gpus,
+        replacements=[fleet_pb2.NodeReplacement(**dataclasses.asdict(x)) for x in r.replacements],
+        reports=r.reports,
+        partial=r.partial,
+    )
 
 
 def event_pb(e: EventInfo) -> types_pb2.Event:

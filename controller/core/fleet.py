@@ -28,6 +28,7 @@ from controller.core.eventlog import EventLog
 from controller.core.health import HealthReport
 from controller.core.health_policy import PolicyRunner
 from controller.core.identity import SYSTEM, Caller, Role, TokenInfo
+from controller.core.job_health import AllocationReport
 from controller.core.leaks import DEFAULT_LEAK_INTERVAL, LeakWatcher, PowerBlockGate
 from controller.core.lifecycle import Lifecycle
 from controller.core.live import DEFAULT_FLUSH_INTERVAL, LiveHealth
@@ -394,6 +395,14 @@ class Fleet:
         allocation = await self.allocations.release(ident)
         self.lifecycle.wake()
         return allocation
+
+    async def allocation_report(self, ident: str) -> AllocationReport:
+        """A released allocation's health report (``controller/core/job_health.py``).
+
+        Raises NotFound (no such allocation, or released before Kiln wrote
+        reports) and FailedPrecondition (still pending or held; refused).
+        """
+        return await self.allocations.report(ident)
 
     async def latest_event_seq(self) -> int:
         """The newest event's sequence number (0: none yet)."""
