@@ -182,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between power-state sync passes over every BMC",
     )
     p.add_argument(
+        "--leak-interval",
+        type=seconds,
+        default=5.0,
+        help="seconds between reads of every node's coolant leak detectors through its "
+        "BMC; a tray with a Critical detector is powered off right after the read that "
+        "finds it (default 5, see docs/leaks.md)",
+    )
+    p.add_argument(
         "--agent-silent-after",
         type=seconds,
         default=15.0,
@@ -385,6 +393,7 @@ def parse(argv: list[str] | None = None) -> Options:
         http_listen=args.http_listen,
         mqtt_access=mqtt_access,
         power_sync_interval=args.power_sync_interval,
+        leak_interval=args.leak_interval,
         bmc_call_timeout=args.bmc_call_timeout,
         bmc_power_timeout=args.bmc_power_timeout,
         bmc_power_resend_after=args.bmc_power_resend_after,

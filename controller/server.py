@@ -197,6 +197,7 @@ class ControllerConfig:
     http_listen: str | None = None  # HOST:PORT of /metrics (None: not served)
     mqtt_access: BrokerAccess | None = None  # its credentials and TLS (None: anonymous, plain)
     power_sync_interval: float = 60.0
+    leak_interval: float = 5.0  # seconds between reads of every node's leak detectors
     agent_silent_after: float = 15.0  # then the BMC's thermal sensors feed the policies
     bmc_thermal_interval: float = 10.0
     secret_key_file: Path | None = None  # None: secret.key in the state directory
@@ -343,6 +344,7 @@ class ControllerServer:
             sample_interval=cfg.sample_interval,
             rules=rules,
             power_sync_interval=cfg.power_sync_interval,
+            leak_interval=cfg.leak_interval,
             prep_limits=cfg.prep_limits,
             agent_silent_after=cfg.agent_silent_after,
             bmc_thermal_interval=cfg.bmc_thermal_interval,

@@ -128,6 +128,11 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         return fleet_pb2.ListChecksResponse(runs=[convert.check_run_pb(r) for r in runs])
 
     @unary
+    async def ClearLeak(self, request: fleet_pb2.ClearLeakRequest, context: Ctx) -> fleet_pb2.Node:
+        node = await self._fleet.clear_leak(request.name, request.reason, by=current_caller())
+        return convert.node_pb(node)
+
+    @unary
     async def UndrainNode(
         self, request: fleet_pb2.UndrainNodeRequest, context: Ctx
     ) -> fleet_pb2.Node:

@@ -1,4 +1,4 @@
-"""``kiln nodes``: list, show, enroll, drain and undrain nodes.
+"""``kiln nodes``: list, show, enroll, drain, undrain and clear a node's leak.
 
 Power lives in ``controller.cli.power``; ``register`` wires both under
 ``kiln nodes``. Each handler takes the parsed arguments and returns an exit
@@ -138,6 +138,20 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_remove)
 
     node_checks.register(sub)
+    p = sub.add_parser(
+        "clear-leak",
+        help="lift the power block a coolant leak put on a node (operator)",
+        description="After a tray's coolant leak was repaired, lift the block that keeps "
+        "the node from being powered on. Refused while a leak detector of the node still "
+        "reports Critical. The node stays powered off and out of service: undrain it to "
+        "bring it back. See docs/leaks.md.",
+    )
+    p.add_argument("name")
+    p.add_argument(
+        "--reason", default="", metavar="TEXT", help="e.g. the repair ticket (kept in the event)"
+    )
+    p.set_defaults(func=cmd_clear_leak)
+
     power.register(sub)
 
 
@@ -287,6 +301,14 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_clear_leak(args: argparse.Namespace) -> int:
+    request = fleet_pb2.ClearLeakRequest(name=args.name, reason=args.reason)
+    with connect(args) as session:
+        node = session.stub.ClearLeak(request, timeout=session.timeout)
+        _emit_node_line(session.json, node, "leak cleared (power-on no longer blocked)")
+    return 0
+
+
 def _emit_node_line(as_json: bool, node: Any, verb: str) -> None:
     if as_json:
         emit_json(node)
@@ -314,12 +336,28 @@ def nodes_table(nodes: Any) -> str:
             "up" if n.agent_connected else "down",
             gpu_summary(n),
             n.allocation,
-            n.state_reason,
+            _reason(n),
         )
         for n in nodes
     ]
     headers = ("name", "rack", "state", "power", "bmc", "agent", "gpus", "alloc", "reason")
     return render_table(headers, rows, state_column="state", colour=use_colour())
+
+
+def _reason(node: Any) -> str:
+    """The table's reason column: the state's reason, and a power block first."""
+    block = node.power_block
+    if not block:
+        return str(node.state_reason)
+    return f"POWER BLOCKED: {block}" + (f"; {node.state_reason}" if node.state_reason else "")
+
+
+def power_block_text(node: Any) -> str:
+    """``nodes show``'s power block line: why, and how to lift it (``-``: none)."""
+    block = node.power_block
+    if not block:
+        return MISSING
+    return f"{block} (after the repair: kiln nodes clear-leak {node.name})"
 
 
 def node_detail(node: Any) -> str:
@@ -330,6 +368,7 @@ def node_detail(node: Any) -> str:
         ("reason", node.state_reason),
         ("schedulable", node.schedulable),
         ("power", short_enum(node, "power")),
+        ("power block", power_block_text(node)),
         ("rack", node.rack),
         ("leaf", node.leaf),
         ("spine", node.spine),

@@ -14,18 +14,26 @@ work there (virtual media does not).
 
 Optional: HTTP Basic auth (htpasswd file, bcrypt cost 4 so requests stay
 cheap) and TLS (a self-signed certificate for IP 127.0.0.1).
+
+Leak detectors (``leak_detection=True``, the default): the launcher adds
+DMTF leak detectors to sushy-tools' app, two per system on a tray chassis of
+the system's own, which a test or the simulation sets with
+``set_leak_detector`` (a PATCH only the simulation has); see
+``controller.sim.leak_detectors``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import datetime
 import ipaddress
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -36,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller.sim import leak_detectors
 from controller.sim.ports import free_port
 from controller.sim.process import ProcessPeer
 
@@ -181,12 +190,14 @@ class RedfishEmulator(ProcessPeer):
         tls: bool = False,
         workdir: Path | None = None,
         backend: str = "fake",
+        leak_detection: bool = True,
     ) -> None:
         if (username is None) != (password is None):
             raise ValueError("give both username and password, or neither")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}")
         self.backend = backend
+        self.leak_detection = leak_detection
         self.systems = list(systems)
         self.power_delay = power_delay
         self.username = username
@@ -236,6 +247,8 @@ class RedfishEmulator(ProcessPeer):
             write_self_signed_cert(self.cert_path, key)
             extra["SUSHY_EMULATOR_SSL_CERT"] = str(self.cert_path)
             extra["SUSHY_EMULATOR_SSL_KEY"] = str(key)
+        if self.leak_detection:
+            extra.update(leak_detectors.tray_config([(s.name, s.uuid) for s in self.systems]))
         self.port = free_port()
         config = self.workdir / "emulator.conf"
         _write_config(config, self.port, state_dir, self.systems, extra, self.backend)
@@ -267,9 +280,63 @@ class RedfishEmulator(ProcessPeer):
             await self.stop()
             raise
 
-    def _probe(self) -> bool:
-        import ssl
+    # --- leak detectors (simulation only) ---------------------------------------
+    def tray_chassis(self, name: str) -> str:
+        """The UUID of system ``name``'s tray chassis (the one with its leak detectors)."""
+        for index, system in enumerate(self.systems):
+            if system.name == name:
+                return leak_detectors.tray_uuid(index)
+        raise KeyError(f"no emulated system {name!r}")
 
+    def leak_detector_path(self, name: str, detector: str = "ColdPlate") -> str:
+        """The Redfish path of one of system ``name``'s leak detectors
+        (``ColdPlate`` or ``Manifold``)."""
+        return leak_detectors.detector_path(self.tray_chassis(name), detector)
+
+    async def set_leak_detector(
+        self, name: str, detector: str = "ColdPlate", **fields: Any
+    ) -> dict[str, Any]:
+        """Set what a leak detector of system ``name`` reports, e.g.
+        ``DetectorState="Critical"`` or ``Status={"State": "UnavailableOffline",
+        "Health": "Critical"}``; returns the detector's document. A PATCH that
+        only the simulation serves (real detectors are read-only).
+
+        Raises RuntimeError with the emulator's answer when it refuses.
+        """
+        body = json.dumps(fields).encode()
+        return await asyncio.to_thread(
+            self.request, "PATCH", self.leak_detector_path(name, detector), body
+        )
+
+    async def leak_detector(self, name: str, detector: str = "ColdPlate") -> dict[str, Any]:
+        """The document of one of system ``name``'s leak detectors, as served."""
+        return await asyncio.to_thread(
+            self.request, "GET", self.leak_detector_path(name, detector), None
+        )
+
+    async def system_power(self, name: str) -> str:
+        """System ``name``'s ``PowerState`` ("On", "Off") as the emulator serves it."""
+        doc = await asyncio.to_thread(self.request, "GET", f"/redfish/v1/Systems/{name}", None)
+        return str(doc.get("PowerState"))
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:
+        """One request to this emulator on loopback (blocking); the answer's JSON.
+        Raises RuntimeError naming the status when it is not a success."""
+        headers = {"Content-Type": "application/json"}
+        if self.username is not None and self._password is not None:
+            token = base64.b64encode(f"{self.username}:{self._password}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        req = urllib.request.Request(
+            f"{self.base_url}{path}", data=body, method=method, headers=headers
+        )
+        context = ssl._create_unverified_context() if self.tls else None
+        try:
+            with urllib.request.urlopen(req, timeout=10, context=context) as rsp:
+                return dict(json.load(rsp))
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{method} {path}: HTTP {e.code}: {e.read()[:300]!r}") from None
+
+    def _probe(self) -> bool:
         context = ssl._create_unverified_context() if self.tls else None
         try:
             with urllib.request.urlopen(
@@ -343,6 +410,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     if args.instant:
         fakedriver.random = _NoDelay  # type: ignore[assignment]
+    # Kiln's addition: leak detectors on a tray chassis per system (only when
+    # the config names the trays; the rest is sushy-tools' own).
+    leak_detectors.install(emulator_main.app)
     sys.argv = ["sushy-emulator", *rest]
     try:
         return int(emulator_main.main() or 0)

@@ -1,0 +1,164 @@
+"""Reading DMTF leak detectors through the BMC layer: the Redfish driver on
+sushy-tools' emulator (with Kiln's leak detectors), broken answers through
+a fault proxy, and IPMI, which has none."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from bmc_peers import PASSWORD, USER, make_pool
+
+from controller.bmc import BmcCredentials, Health, parse_bmc_url
+from controller.bmc.errors import BmcBadResponse
+from controller.bmc.gateway import PoolGateway
+from controller.core.errors import NotSupported
+from controller.core.model import BmcTarget, DetectorHealth
+from controller.sim.fault_proxy import FaultProxy, PayloadFault
+from controller.sim.ports import free_port
+from controller.sim.redfish_emulator import RedfishEmulator, make_systems
+
+CREDS = BmcCredentials(USER, PASSWORD)
+COLLECTION = r"/LeakDetection/LeakDetectors$"
+COLD_PLATE = r"/LeakDetectors/ColdPlate$"
+
+
+def _via(proxy: FaultProxy, system: str = "node-00001") -> str:
+    return f"redfish+http://127.0.0.1:{proxy.port}/redfish/v1/Systems/{system}"
+
+
+@pytest.mark.timeout(60)
+async def test_detectors_are_read_through_the_systems_own_chassis(
+    emulator: RedfishEmulator,
+) -> None:
+    async with make_pool() as pool:
+        bmc = pool.get("n1", parse_bmc_url(emulator.system_url("node-00001")), CREDS)
+        readings = await bmc.leaks.readings()
+        tray = emulator.tray_chassis("node-00001")
+        assert [r.id for r in readings] == ["ColdPlate", "Manifold"]
+        assert readings[0].path == (
+            f"/redfish/v1/Chassis/{tray}/ThermalSubsystem/LeakDetection/LeakDetectors/ColdPlate"
+        )
+        assert readings[0].name == "Cold plate leak detector"
+        assert readings[0].detector_type == "Moisture"
+        assert readings[0].physical_context == "GPUSubsystem"
+        assert all(r.detector_state is Health.OK and r.status_state == "Enabled" for r in readings)
+        assert all(r.problem == "" and abs(r.read_at - time.time()) < 30 for r in readings)
+
+        await emulator.set_leak_detector("node-00001", "Manifold", DetectorState="Critical")
+        manifold = (await bmc.leaks.readings())[1]
+        assert manifold.detector_state is Health.CRITICAL
+        assert manifold.status_health is Health.CRITICAL  # the emulator keeps them in step
+        # Another system's tray is another chassis: its detectors are dry.
+        other = pool.get("n2", parse_bmc_url(emulator.system_url("node-00002")), CREDS)
+        assert {r.detector_state for r in await other.leaks.readings()} == {Health.OK}
+
+
+@pytest.mark.timeout(60)
+async def test_the_emulator_links_the_tray_as_the_dmtf_schema_does(
+    emulator: RedfishEmulator,
+) -> None:
+    """System → Links.Chassis (the shared chassis first, then its tray) →
+    Chassis.ThermalSubsystem → LeakDetection → LeakDetectors; the rest is
+    sushy-tools' own (the shared chassis has no leak detection)."""
+    tray = emulator.tray_chassis("node-00003")
+    system = await _get(emulator, "/redfish/v1/Systems/node-00003")
+    chassis = [link["@odata.id"] for link in system["Links"]["Chassis"]]
+    assert chassis[-1] == f"/redfish/v1/Chassis/{tray}" and len(chassis) == 2
+    doc = await _get(emulator, f"/redfish/v1/Chassis/{tray}")
+    assert doc["ThermalSubsystem"] == {"@odata.id": f"/redfish/v1/Chassis/{tray}/ThermalSubsystem"}
+    assert doc["Links"]["ComputerSystems"] == [{"@odata.id": system["@odata.id"]}]
+    thermal = await _get(emulator, doc["ThermalSubsystem"]["@odata.id"])
+    detection = await _get(emulator, thermal["LeakDetection"]["@odata.id"])
+    collection = await _get(emulator, detection["LeakDetectors"]["@odata.id"])
+    assert collection["Members@odata.count"] == 2
+    shared = await _get(emulator, chassis[0])
+    assert "ThermalSubsystem" not in shared
+    with pytest.raises(RuntimeError, match="HTTP 404"):
+        await _get(emulator, f"{chassis[0]}/ThermalSubsystem")
+    # The simulation's setter refuses what a detector cannot report.
+    with pytest.raises(RuntimeError, match="HTTP 400"):
+        await emulator.set_leak_detector("node-00003", DetectorState="Wet")
+    with pytest.raises(RuntimeError, match="HTTP 400"):
+        await emulator.set_leak_detector("node-00003", Location="floor")
+
+
+async def _get(emulator: RedfishEmulator, path: str) -> dict[str, Any]:
+    return await asyncio.to_thread(emulator.request, "GET", path)
+
+
+@pytest.mark.timeout(60)
+async def test_a_bmc_without_leak_detection_answers_no_detectors() -> None:
+    systems = make_systems(1, power_state="On")
+    async with (
+        RedfishEmulator(systems, username=USER, password=PASSWORD, leak_detection=False) as emu,
+        make_pool() as pool,
+    ):
+        bmc = pool.get("n0", parse_bmc_url(emu.system_url("node-00000")), CREDS)
+        assert await bmc.leaks.readings() == []
+        assert bmc.health.state == "ok"
+
+
+@pytest.mark.timeout(30)
+async def test_ipmi_has_no_leak_detectors_and_asks_nothing() -> None:
+    """NotSupported at once: the BMC (a port where nothing answers) is never asked."""
+    async with make_pool(call_timeout=3.0) as pool:
+        gateway = PoolGateway(pool)
+        target = BmcTarget(
+            node="i1", url=f"ipmi://127.0.0.1:{free_port()}", username=USER, password=PASSWORD
+        )
+        started = time.monotonic()
+        with pytest.raises(NotSupported, match="leak detection is not supported"):
+            await gateway.leak_detectors(target)
+        assert time.monotonic() - started < 0.5
+        assert gateway.health("i1") == "ok"  # nothing failed: no call was made
+
+
+@pytest.mark.timeout(60)
+async def test_a_broken_detector_is_reported_the_others_still_count(
+    emulator: RedfishEmulator,
+) -> None:
+    await emulator.set_leak_detector("node-00001", "Manifold", DetectorState="Critical")
+    faults = [PayloadFault.json(COLD_PLATE, {"Id": "ColdPlate", "DetectorState": 42})]
+    async with (
+        FaultProxy(("127.0.0.1", emulator.port), payload_faults=faults) as proxy,
+        make_pool() as pool,
+    ):
+        gateway = PoolGateway(pool)
+        target = BmcTarget("n1", _via(proxy), USER, PASSWORD)
+        cold, manifold = await gateway.leak_detectors(target)
+        assert cold.detector_state is None
+        assert "DetectorState is the number 42, expected a string" in cold.problem
+        assert manifold.detector_state is DetectorHealth.CRITICAL and manifold.problem == ""
+
+        proxy.payload_faults[:] = [
+            PayloadFault.json(COLD_PLATE, {"Id": "ColdPlate", "DetectorState": "Wet"})
+        ]
+        cold, _ = await gateway.leak_detectors(target)
+        assert "'Wet' is not one of OK, Warning, Critical" in cold.problem
+        proxy.payload_faults[:] = [
+            PayloadFault(COLD_PLATE, b"<html>oops</html>", content_type="text/html")
+        ]
+        cold, _ = await gateway.leak_detectors(target)
+        assert "not JSON" in cold.problem
+        assert PASSWORD not in cold.problem
+        assert gateway.health("n1") == "ok"  # the BMC answered
+
+
+@pytest.mark.timeout(60)
+async def test_a_broken_collection_is_a_bad_answer_naming_it(emulator: RedfishEmulator) -> None:
+    faults = [PayloadFault.json(COLLECTION, {"Name": "Leak Detector Collection"})]
+    async with (
+        FaultProxy(("127.0.0.1", emulator.port), payload_faults=faults) as proxy,
+        make_pool() as pool,
+    ):
+        bmc = pool.get("n1", parse_bmc_url(_via(proxy)), CREDS)
+        with pytest.raises(BmcBadResponse) as info:
+            await bmc.leaks.readings()
+        message = str(info.value)
+        assert message.startswith(f"BMC 127.0.0.1:{proxy.port} sent a bad answer to leak detectors")
+        assert "/ThermalSubsystem/LeakDetection/" in message and "Members is missing" in message
+        assert PASSWORD not in message
+        assert bmc.health.state == "degraded"

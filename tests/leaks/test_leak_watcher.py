@@ -1,0 +1,244 @@
+"""The leak policy in the core, on both stores, against the real emulator:
+a Critical leak powers the tray off at once and blocks its power-on until
+cleared; two leaking trays drain the rack; a sensor fault is flagged, never
+acted on; IPMI nodes are skipped quietly."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from bmc_peers import PASSWORD, USER
+from conftest import Rig, make_rig
+
+from controller.core.errors import FailedPrecondition
+from controller.core.kinds import EventKind
+from controller.core.model import EnrollSpec
+from controller.core.states import NodeState, PowerState
+from controller.sim.ports import free_port
+from controller.sim.redfish_emulator import RedfishEmulator
+from controller.store.engine import default_sqlite_url, open_engine
+from controller.store.sql_store import SqlStore
+
+TRAY = "node-00001"
+
+
+@pytest.mark.timeout(90)
+async def test_critical_leak_powers_the_tray_off_at_once_and_blocks_power_on(rig: Rig) -> None:
+    for name in ("node-00000", TRAY, "node-00002"):
+        await rig.enroll(name)
+    await rig.passes()
+    assert await rig.events(EventKind.NODE_LEAK) == [], "dry detectors record nothing"
+
+    await rig.emulator.set_leak_detector(TRAY, "ColdPlate", DetectorState="Critical")
+    started = time.time()
+    await rig.passes()
+    assert await rig.emulator.system_power(TRAY) == "Off"
+    assert time.time() - started < 10
+    for other in ("node-00000", "node-00002"):
+        assert await rig.emulator.system_power(other) == "On"
+
+    node = await rig.record(TRAY)
+    assert node.power_block.startswith("coolant leak: detector Cold plate leak detector")
+    assert "/LeakDetectors/ColdPlate" in node.power_block
+    assert node.state == NodeState.POWERED_OFF and node.drained
+    assert node.power == PowerState.OFF
+    (leak,) = await rig.events(EventKind.NODE_LEAK)
+    assert leak.node == TRAY
+    assert leak.data["state"] == "critical" and leak.data["detector_state"] == "Critical"
+    assert leak.data["detector"] == rig.emulator.leak_detector_path(TRAY, "ColdPlate")
+    assert leak.data["action"] == "power_off" and leak.data["rack"] == "r1"
+    assert leak.data["read_at"] <= leak.at
+    assert any(
+        e.node == TRAY and e.data.get("action") == "force_off"
+        for e in await rig.events(EventKind.NODE_POWER)
+    )
+
+    # Blocked: every way of powering it on is refused, naming the leak and the way out.
+    for action in ("on", "cycle", "restart"):
+        with pytest.raises(FailedPrecondition, match="kiln nodes clear-leak node-00001"):
+            await rig.fleet.power(TRAY, action)
+    target = (await rig.fleet.nodes.targets([await rig.record(TRAY)]))[0]
+    with pytest.raises(FailedPrecondition, match="coolant leak"):
+        await rig.fleet.bmc.set_power(target, "cycle")  # the preparation's reboot
+    with pytest.raises(FailedPrecondition, match="clear-leak"):
+        await rig.fleet.undrain(TRAY)
+    assert (await rig.fleet.power(TRAY, "status")).power == PowerState.OFF
+    assert await rig.emulator.system_power(TRAY) == "Off"
+
+    # Still leaking: clearing is refused. A second pass records nothing new.
+    with pytest.raises(FailedPrecondition, match="still reports Critical"):
+        await rig.fleet.clear_leak(TRAY, "ticket 7")
+    await rig.passes()
+    assert len(await rig.events(EventKind.NODE_LEAK)) == 1
+
+    # Dry again: recorded; the block stays until an operator clears it.
+    await rig.emulator.set_leak_detector(TRAY, "ColdPlate", DetectorState="OK")
+    await rig.passes()
+    dry = (await rig.events(EventKind.NODE_LEAK))[-1]
+    assert dry.data["state"] == "ok" and "stays blocked" in dry.reason
+    assert (await rig.record(TRAY)).power_block
+    with pytest.raises(FailedPrecondition):
+        await rig.fleet.power(TRAY, "on")
+
+    info = await rig.fleet.clear_leak(TRAY, "ticket 7: cold plate replaced")
+    assert info.power_block == ""
+    (cleared,) = await rig.events(EventKind.NODE_LEAK_CLEARED)
+    assert cleared.reason == "ticket 7: cold plate replaced"
+    assert cleared.data["cleared"] == node.power_block and cleared.data["rack"] == "r1"
+    again = await rig.fleet.clear_leak(TRAY)  # idempotent: nothing more recorded
+    assert again.power_block == "" and len(await rig.events(EventKind.NODE_LEAK_CLEARED)) == 1
+    assert (await rig.fleet.power(TRAY, "on")).power == PowerState.ON
+    assert await rig.emulator.system_power(TRAY) == "On"
+
+
+@pytest.mark.timeout(90)
+async def test_the_power_block_outlives_the_controller(
+    emulator: RedfishEmulator, tmp_path: Path
+) -> None:
+    url = default_sqlite_url(tmp_path)
+    first = SqlStore(open_engine(url))
+    rig, gateway = await make_rig(first, emulator)
+    await rig.enroll(TRAY)
+    await emulator.set_leak_detector(TRAY, "Manifold", DetectorState="Critical")
+    await rig.passes()
+    assert (await rig.record(TRAY)).power_block
+    await gateway.close()
+    first.close()
+
+    second = SqlStore(open_engine(url))
+    restarted, gateway = await make_rig(second, emulator)
+    try:
+        assert "Coolant manifold leak detector" in (await restarted.record(TRAY)).power_block
+        with pytest.raises(FailedPrecondition, match="may not be powered on"):
+            await restarted.fleet.power(TRAY, "on")
+        assert await emulator.system_power(TRAY) == "Off"
+    finally:
+        await gateway.close()
+        second.close()
+
+
+@pytest.mark.timeout(90)
+async def test_two_leaking_trays_drain_the_rack_and_request_its_isolation_once(rig: Rig) -> None:
+    rack = ["node-00000", "node-00001", "node-00002", "node-00003"]
+    for name in rack:
+        await rig.enroll(name, rack="r1")
+    await rig.enroll("node-00004", rack="r2")
+
+    await rig.emulator.set_leak_detector("node-00000", DetectorState="Critical")
+    await rig.passes()
+    assert await rig.events(EventKind.RACK_ISOLATION_REQUESTED) == [], "one tray is not a rack"
+    assert not (await rig.record("node-00002")).drained
+
+    await rig.emulator.set_leak_detector("node-00003", "Manifold", DetectorState="Critical")
+    await rig.passes(2)
+    for name in ("node-00000", "node-00003"):
+        assert await rig.emulator.system_power(name) == "Off"
+    (isolation,) = await rig.events(EventKind.RACK_ISOLATION_REQUESTED)
+    assert isolation.data["rack"] == "r1"
+    assert isolation.data["leaking"] == ["node-00000", "node-00003"]
+    assert sorted(isolation.data["drained"]) == ["node-00001", "node-00002"]
+    for name in ("node-00001", "node-00002"):
+        node = await rig.record(name)
+        assert node.drained and node.state == NodeState.DRAINING
+        assert "rack r1 isolated: coolant leaks on 2 trays" in node.state_reason
+        assert await rig.emulator.system_power(name) == "On", "drained, not powered off"
+    other = await rig.record("node-00004")
+    assert not other.drained and other.state != NodeState.DRAINING
+
+    # A clear lets a later pair of leaks request isolation again; until then, once.
+    await rig.passes()
+    assert len(await rig.events(EventKind.RACK_ISOLATION_REQUESTED)) == 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        pytest.param(
+            {"DetectorState": "Critical", "Status": {"State": "UnavailableOffline"}},
+            "Status.State is UnavailableOffline",
+            id="offline-reading-critical",
+        ),
+        pytest.param({"DetectorState": None}, "no DetectorState", id="no-detector-state"),
+        pytest.param(
+            {"DetectorState": "OK", "Status": {"Health": "Critical"}},
+            "Status.Health Critical",
+            id="ok-but-health-critical",
+        ),
+    ],
+)
+async def test_a_sensor_fault_powers_nothing_off(rig: Rig, fields: dict, why: str) -> None:
+    await rig.enroll(TRAY)
+    await rig.emulator.set_leak_detector(TRAY, "ColdPlate", **fields)
+    await rig.passes(2)
+    assert await rig.emulator.system_power(TRAY) == "On"
+    node = await rig.record(TRAY)
+    assert node.power_block == "" and not node.drained
+    (fault,) = await rig.events(EventKind.NODE_LEAK)
+    assert fault.data["state"] == "fault" and fault.data["repair"] is True
+    assert fault.data["action"] == "none"
+    assert why in fault.reason and "flagged for repair" in fault.reason
+    assert [e for e in await rig.events(EventKind.NODE_POWER) if e.node == TRAY] == []
+
+
+@pytest.mark.timeout(60)
+async def test_a_leak_warning_is_recorded_without_power_action(rig: Rig) -> None:
+    await rig.enroll(TRAY)
+    await rig.emulator.set_leak_detector(TRAY, "Manifold", DetectorState="Warning")
+    await rig.passes()
+    assert await rig.emulator.system_power(TRAY) == "On"
+    (warning,) = await rig.events(EventKind.NODE_LEAK)
+    assert warning.data["state"] == "warning" and "no power action" in warning.reason
+    assert (await rig.record(TRAY)).power_block == ""
+
+
+@pytest.mark.timeout(90)
+async def test_a_leaking_tray_powered_on_behind_kilns_back_is_powered_off_again(
+    rig: Rig,
+) -> None:
+    await rig.enroll(TRAY)
+    await rig.emulator.set_leak_detector(TRAY, DetectorState="Critical")
+    await rig.passes()
+    assert await rig.emulator.system_power(TRAY) == "Off"
+    # Someone powers it on at the BMC itself (not through Kiln).
+    target = (await rig.fleet.nodes.targets([await rig.record(TRAY)]))[0]
+    await rig.gateway.set_power(target, "on")
+    assert await rig.emulator.system_power(TRAY) == "On"
+    await rig.passes()
+    assert await rig.emulator.system_power(TRAY) == "Off"
+    assert len(await rig.events(EventKind.NODE_LEAK)) == 1, "the same leak, told once"
+
+
+@pytest.mark.timeout(60)
+async def test_ipmi_nodes_are_skipped_without_a_call_or_noise(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An IPMI BMC where nothing answers: any call would time out, fail and
+    be logged; none is made, so the passes are quick and silent."""
+    await rig.fleet.enroll(
+        EnrollSpec(
+            name="ipmi-1",
+            bmc_url=f"ipmi://127.0.0.1:{free_port()}",
+            username=USER,
+            password=PASSWORD,
+            rack="r1",
+        )
+    )
+    await rig.enroll(TRAY)
+    started = time.monotonic()
+    with caplog.at_level(logging.DEBUG, logger="controller"):
+        await rig.passes(3)
+    assert time.monotonic() - started < 5
+    about_ipmi = [r for r in caplog.records if "ipmi-1" in r.getMessage()]
+    assert all(r.levelno == logging.DEBUG for r in about_ipmi), "nothing above debug"
+    watcher = [r for r in about_ipmi if r.name == "controller.core.leaks"]
+    assert len(watcher) == 1, "one debug line, then skipped"
+    assert rig.gateway.health("ipmi-1") == "ok", "never failed: never asked"
+    assert await rig.events(EventKind.NODE_LEAK) == []
+    # The Redfish node beside it is watched all the same.
+    await rig.emulator.set_leak_detector(TRAY, DetectorState="Critical")
+    await rig.passes()
+    assert await rig.emulator.system_power(TRAY) == "Off"
