@@ -182,6 +182,12 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         )
 
     @unary
+    async def GetAllocationReport(
+        self, request: fleet_pb2.GetAllocationReportRequest, context: Ctx
+    ) -> fleet_pb2.AllocationReport:
+        return convert.allocation_report_pb(await self._fleet.allocation_report(request.id))
+
+    @unary
     async def ReleaseAllocation(
         self, request: fleet_pb2.ReleaseAllocationRequest, context: Ctx
     ) -> fleet_pb2.Allocation:
