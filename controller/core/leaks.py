@@ -260,8 +260,13 @@ class LeakWatcher:
                     await self._judge(name, node.rack, readings)
         except KilnError as e:  # e.g. the node was removed meanwhile
             log.info("node %s: leak detectors not acted on: %s", name, e)
-        except Exception:
-            log.exception("node %s: leak detector check failed", name)
+        except Exception as e:
+            # A bug: its traceback once per node, not once per node per pass.
+            memory = self._memory(name)
+            failure = f"{type(e).__name__}: {e}"
+            if memory.unreadable != failure:
+                log.exception("node %s: leak detector check failed", name)
+            memory.unreadable = failure
         finally:
             self._in_flight.discard(name)
 
@@ -353,10 +358,11 @@ class LeakWatcher:
     ) -> None:
         """A detector of the node just turned Critical: block, drain, tell the
         job, power off now, then hand the node over as failed."""
-        reason = f"coolant leak: detector {r.name} reports {why}; powering the tray off"
+        cause = f"coolant leak: detector {r.name} reports {why}"
+        reason = f"{cause}; powering the tray off"
         log.error("node %s: %s", name, reason)
         await self._store.tx(lambda tx: self._block(tx, name, r, why, reason, before))
-        await self._power_off(name, reason, r.read_at, known_on=True)
+        await self._power_off(name, cause, r.read_at, known_on=True)
         await self._check_rack(rack, again=True)
 
     @staticmethod

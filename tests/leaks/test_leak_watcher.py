@@ -17,9 +17,11 @@ from controller.core.errors import FailedPrecondition
 from controller.core.kinds import EventKind
 from controller.core.model import EnrollSpec
 from controller.core.states import NodeState, PowerState
+from controller.sim.fault_proxy import FaultProxy
 from controller.sim.ports import free_port
 from controller.sim.redfish_emulator import RedfishEmulator
 from controller.store.engine import default_sqlite_url, open_engine
+from controller.store.secrets import SecretBox
 from controller.store.sql_store import SqlStore
 
 TRAY = "node-00001"
@@ -99,22 +101,34 @@ async def test_the_power_block_outlives_the_controller(
     emulator: RedfishEmulator, tmp_path: Path
 ) -> None:
     url = default_sqlite_url(tmp_path)
-    first = SqlStore(open_engine(url))
+    key = SecretBox.from_key_file(tmp_path / "secret.key")  # the controller's, kept on disk
+    first = SqlStore(open_engine(url), secrets=key)
     rig, gateway = await make_rig(first, emulator)
-    await rig.enroll(TRAY)
+    for name in (TRAY, "node-00002", "node-00003"):
+        await rig.enroll(name)
     await emulator.set_leak_detector(TRAY, "Manifold", DetectorState="Critical")
+    await emulator.set_leak_detector("node-00002", "Manifold", DetectorState="Critical")
     await rig.passes()
     assert (await rig.record(TRAY)).power_block
+    assert len(await rig.events(EventKind.RACK_ISOLATION_REQUESTED)) == 1
     await gateway.close()
     first.close()
 
-    second = SqlStore(open_engine(url))
+    second = SqlStore(open_engine(url), secrets=SecretBox.from_key_file(tmp_path / "secret.key"))
     restarted, gateway = await make_rig(second, emulator)
     try:
         assert "Coolant manifold leak detector" in (await restarted.record(TRAY)).power_block
         with pytest.raises(FailedPrecondition, match="may not be powered on"):
             await restarted.fleet.power(TRAY, "on")
         assert await emulator.system_power(TRAY) == "Off"
+        # The restarted watcher finds the leaks again (and says so), keeps the
+        # trays off, and does not ask for the rack's isolation a second time.
+        await restarted.passes(2)
+        leaks = await restarted.events(EventKind.NODE_LEAK)
+        assert sorted(e.node for e in leaks) == [TRAY, TRAY, "node-00002", "node-00002"]
+        assert len(await restarted.events(EventKind.RACK_ISOLATION_REQUESTED)) == 1
+        assert await emulator.system_power(TRAY) == "Off"
+        assert (await restarted.record("node-00003")).drained
     finally:
         await gateway.close()
         second.close()
@@ -148,9 +162,16 @@ async def test_two_leaking_trays_drain_the_rack_and_request_its_isolation_once(r
     other = await rig.record("node-00004")
     assert not other.drained and other.state != NodeState.DRAINING
 
-    # A clear lets a later pair of leaks request isolation again; until then, once.
+    # Once per episode: more passes ask nothing more ...
     await rig.passes()
     assert len(await rig.events(EventKind.RACK_ISOLATION_REQUESTED)) == 1
+    # ... until a leak of the rack is cleared and a pair leaks again.
+    await rig.emulator.set_leak_detector("node-00000", DetectorState="OK")
+    await rig.passes()
+    await rig.fleet.clear_leak("node-00000", "repaired")
+    await rig.emulator.set_leak_detector("node-00000", DetectorState="Critical")
+    await rig.passes()
+    assert len(await rig.events(EventKind.RACK_ISOLATION_REQUESTED)) == 2
 
 
 @pytest.mark.timeout(90)
@@ -242,3 +263,27 @@ async def test_ipmi_nodes_are_skipped_without_a_call_or_noise(
     await rig.emulator.set_leak_detector(TRAY, DetectorState="Critical")
     await rig.passes()
     assert await rig.emulator.system_power(TRAY) == "Off"
+
+
+@pytest.mark.timeout(90)
+async def test_clearing_with_unreadable_detectors_goes_ahead_and_a_later_critical_is_a_new_leak(
+    rig: Rig,
+) -> None:
+    async with FaultProxy(("127.0.0.1", rig.emulator.port)) as proxy:
+        url = f"redfish+http://127.0.0.1:{proxy.port}/redfish/v1/Systems/{TRAY}"
+        await rig.fleet.enroll(EnrollSpec(TRAY, url, USER, PASSWORD, rack="r1"))
+        await rig.emulator.set_leak_detector(TRAY, DetectorState="Critical")
+        await rig.passes()
+        assert await rig.emulator.system_power(TRAY) == "Off"
+
+        proxy.error_ratio = 1.0  # the BMC answers nothing but 500s
+        info = await rig.fleet.clear_leak(TRAY, "inspected on site")
+        assert info.power_block == ""
+        (cleared,) = await rig.events(EventKind.NODE_LEAK_CLEARED)
+        assert "500" in cleared.data["detectors_unread"] and PASSWORD not in str(cleared.data)
+
+        proxy.error_ratio = 0.0  # it answers again, and the detector still reads Critical
+        await rig.passes()
+        assert (await rig.record(TRAY)).power_block, "blocked again"
+        assert len(await rig.events(EventKind.NODE_LEAK)) == 2
+        assert await rig.emulator.system_power(TRAY) == "Off"
