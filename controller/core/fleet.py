@@ -29,7 +29,7 @@ from controller.core.health import HealthReport
 from controller.core.health_policy import PolicyRunner
 from controller.core.identity import SYSTEM, Caller, Role, TokenInfo
 from controller.core.job_health import AllocationReport
-from controller.core.leaks import DEFAULT_LEAK_INTERVAL, LeakWatcher, PowerBlockGate
+from controller.core.leaks import DEFAULT_LEAK_INTERVAL, LeakWatcher
 from controller.core.lifecycle import Lifecycle
 from controller.core.live import DEFAULT_FLUSH_INTERVAL, LiveHealth
 from controller.core.meter import Meter, NullMeter
@@ -55,6 +55,7 @@ from controller.core.paging import (
     node_page,
 )
 from controller.core.ports import BmcGateway, Store
+from controller.core.power_block import PowerBlockGate
 from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import HealthGate, ProfileCatalog

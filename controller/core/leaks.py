@@ -42,8 +42,8 @@ What follows a change of a detector's state (each change is one
 
 A blocked node is refused power-on: ``Nodes.power`` refuses on, cycle and
 restart (so do the API, the lifecycle and the policies, which all go through
-it), and ``PowerBlockGate`` refuses them to any other user of the gateway
-(the preparation's reboot). ``clear`` lifts the block (``kiln nodes
+it), and ``PowerBlockGate`` (``core.power_block``) refuses them to any other user
+of the gateway (the preparation's reboot). ``clear`` lifts the block (``kiln nodes
 clear-leak``), and is refused while a detector of the node still reads
 Critical.
 """
@@ -62,8 +62,9 @@ from typing import Any
 from controller.core.errors import FailedPrecondition, InvalidArgument, KilnError, NotSupported
 from controller.core.eventlog import record
 from controller.core.kinds import EventKind
-from controller.core.model import BmcTarget, DetectorHealth, EventInfo, LeakReading, LeakState
-from controller.core.nodes import POWER_ON_ACTIONS, Nodes, power_blocked
+from controller.core.leak_racks import RACK_ISOLATION_TRAYS, isolate
+from controller.core.model import BmcTarget, DetectorHealth, LeakReading, LeakState
+from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.records import NodeRecord
 from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
@@ -74,7 +75,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LEAK_INTERVAL = 5.0
 DEFAULT_LEAK_CONCURRENCY = 256  # the Redfish thread pool's default size
-RACK_ISOLATION_TRAYS = 2  # blocked trays in one rack that isolate the rack
 # DMTF Resource.State values in which a detector is sensing (None: not reported).
 SENSING_STATES = frozenset({"Enabled", "Degraded", "Qualified"})
 MAX_REASON = 1024
@@ -487,7 +487,7 @@ class LeakWatcher:
         async with self._rack_lock:
             if rack in self._isolated and not again:
                 return
-            outcome = await self._store.tx(lambda tx: _isolate(tx, rack))
+            outcome = await self._store.tx(lambda tx: isolate(tx, rack))
             if outcome is None:
                 return
             self._isolated.add(rack)
@@ -575,127 +575,3 @@ class LeakWatcher:
         blocked = sum(1 for n in await self._nodes.records() if n.rack == rack and n.power_block)
         if blocked < RACK_ISOLATION_TRAYS:
             self._isolated.discard(rack)
-
-
-def _isolate(tx: Tx, rack: str) -> tuple[list[str], list[str], bool] | None:
-    """Drain every node of ``rack`` that is not blocked, tell their jobs, and
-    record ``rack.isolation_requested`` unless it was requested since the
-    rack's last cleared leak. None when fewer than the threshold are blocked.
-    Returns (the blocked trays, the nodes drained now, whether it was recorded)."""
-    members = tx.nodes.find(rack=rack, with_health=False)
-    leaking = [n.name for n in members if n.power_block]
-    if len(leaking) < RACK_ISOLATION_TRAYS:
-        return None
-    why = f"rack {rack} isolated: coolant leaks on {len(leaking)} trays ({', '.join(leaking)})"
-    drained = []
-    for node in members:
-        if node.power_block or node.state == NodeState.DRAINING:
-            continue
-        if node.state in OUT_OF_SERVICE:
-            if not node.drained:
-                node.drained = True
-                tx.nodes.save(node)
-            continue
-        node.drained = True
-        if node.drain_target is None:
-            node.drain_target = NodeState.MAINTENANCE
-        tx.nodes.save(node)
-        move(tx, node, NodeState.DRAINING, why)
-        drained.append(node.name)
-        if node.allocation_id:
-            record(
-                tx,
-                EventKind.ALLOCATION_NOTICE,
-                node=node.name,
-                allocation=node.allocation_id,
-                reason=f"{node.name}: {why}; drained",
-                action="drain",
-            )
-    requested = not _isolation_requested(tx, rack)
-    if requested:
-        record(
-            tx,
-            EventKind.RACK_ISOLATION_REQUESTED,
-            reason=why,
-            rack=rack,
-            leaking=leaking,
-            drained=drained,
-            nodes=[n.name for n in members],
-        )
-    return leaking, drained, requested
-
-
-def _isolation_requested(tx: Tx, rack: str) -> bool:
-    """Whether the rack's isolation was requested after its last cleared leak."""
-
-    def of_rack(event: EventInfo) -> bool:
-        return bool(event.data.get("rack") == rack)
-
-    asked = tx.events.latest(EventKind.RACK_ISOLATION_REQUESTED, limit=1, where=of_rack)
-    if not asked:
-        return False
-    since = asked[-1].at
-    return not tx.events.latest(EventKind.NODE_LEAK_CLEARED, since_at=since, limit=1, where=of_rack)
-
-
-class PowerBlockGate:
-    """The ``BmcGateway`` for the core's own users, refusing on, cycle and
-    restart of a node whose power is blocked (read from the in-memory view
-    of the fleet) with ``FailedPrecondition``; everything else passes
-    through. ``Nodes.power`` checks the store itself; this catches the rest
-    (the preparation's reboot after BIOS settings)."""
-
-    def __init__(self, inner: BmcGateway, nodes: Nodes) -> None:
-        self._inner = inner
-        self._nodes = nodes
-
-    def _check(self, target: BmcTarget, action: str) -> None:
-        view = self._nodes.view
-        node = view.get(target.node) if view.ready else None
-        if action in POWER_ON_ACTIONS and node is not None and node.power_block:
-            raise power_blocked(target.node, node.power_block, action)
-
-    def canonical_url(self, url: str) -> str:
-        return self._inner.canonical_url(url)
-
-    def validate_target(self, url: str, username: str, password: str) -> str:
-        return self._inner.validate_target(url, username, password)
-
-    async def power_state(self, target: BmcTarget) -> str:
-        return await self._inner.power_state(target)
-
-    async def set_power(self, target: BmcTarget, action: str) -> str:
-        self._check(target, action)
-        return await self._inner.set_power(target, action)
-
-    def health(self, node: str) -> str:
-        return self._inner.health(node)
-
-    async def thermal_c(self, target: BmcTarget) -> list[float]:
-        return await self._inner.thermal_c(target)
-
-    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
-        return await self._inner.leak_detectors(target)
-
-    async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
-        return await self._inner.firmware_versions(target)
-
-    async def firmware_update(self, target: BmcTarget, image_url: str, component: str) -> None:
-        await self._inner.firmware_update(target, image_url, component)
-
-    async def bios_attributes(self, target: BmcTarget) -> dict[str, object]:
-        return await self._inner.bios_attributes(target)
-
-    async def bios_set(self, target: BmcTarget, attributes: dict[str, object]) -> None:
-        await self._inner.bios_set(target, attributes)
-
-    async def poll_power(
-        self, targets: list[BmcTarget], concurrency: int
-    ) -> dict[str, tuple[str | None, str]]:
-        return await self._inner.poll_power(targets, concurrency)
-
-    def forget(self, node: str) -> None:
-        self._inner.forget(node)
-
-    async def close(self) -> None:
-        await self._inner.close()

@@ -1,0 +1,78 @@
+"""The power block's guard at the BMC gateway: no power-on of a blocked node.
+
+A node whose power is blocked (a Critical coolant leak on its tray, see
+``controller.core.leaks``) must not be powered on by anyone in the core.
+``Nodes.power`` refuses on, cycle and restart itself (reading the store);
+``PowerBlockGate`` wraps the ``BmcGateway`` the rest of the core is given, so
+a caller that drives the gateway directly (the preparation's reboot after
+BIOS settings) is refused the same way.
+"""
+
+from __future__ import annotations
+
+from controller.core.model import BmcTarget, LeakReading
+from controller.core.nodes import POWER_ON_ACTIONS, Nodes, power_blocked
+from controller.core.ports import BmcGateway
+
+
+class PowerBlockGate:
+    """The ``BmcGateway`` for the core's own users, refusing on, cycle and
+    restart of a node whose power is blocked (read from the in-memory view
+    of the fleet) with ``FailedPrecondition``; everything else passes
+    through. ``Nodes.power`` checks the store itself; this catches the rest
+    (the preparation's reboot after BIOS settings)."""
+
+    def __init__(self, inner: BmcGateway, nodes: Nodes) -> None:
+        self._inner = inner
+        self._nodes = nodes
+
+    def _check(self, target: BmcTarget, action: str) -> None:
+        view = self._nodes.view
+        node = view.get(target.node) if view.ready else None
+        if action in POWER_ON_ACTIONS and node is not None and node.power_block:
+            raise power_blocked(target.node, node.power_block, action)
+
+    def canonical_url(self, url: str) -> str:
+        return self._inner.canonical_url(url)
+
+    def validate_target(self, url: str, username: str, password: str) -> str:
+        return self._inner.validate_target(url, username, password)
+
+    async def power_state(self, target: BmcTarget) -> str:
+        return await self._inner.power_state(target)
+
+    async def set_power(self, target: BmcTarget, action: str) -> str:
+        self._check(target, action)
+        return await self._inner.set_power(target, action)
+
+    def health(self, node: str) -> str:
+        return self._inner.health(node)
+
+    async def thermal_c(self, target: BmcTarget) -> list[float]:
+        return await self._inner.thermal_c(target)
+
+    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
+        return await self._inner.leak_detectors(target)
+
+    async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
+        return await self._inner.firmware_versions(target)
+
+    async def firmware_update(self, target: BmcTarget, image_url: str, component: str) -> None:
+        await self._inner.firmware_update(target, image_url, component)
+
+    async def bios_attributes(self, target: BmcTarget) -> dict[str, object]:
+        return await self._inner.bios_attributes(target)
+
+    async def bios_set(self, target: BmcTarget, attributes: dict[str, object]) -> None:
+        await self._inner.bios_set(target, attributes)
+
+    async def poll_power(
+        self, targets: list[BmcTarget], concurrency: int
+    ) -> dict[str, tuple[str | None, str]]:
+        return await self._inner.poll_power(targets, concurrency)
+
+    def forget(self, node: str) -> None:
+        self._inner.forget(node)
+
+    async def close(self) -> None:
+        await self._inner.close()
