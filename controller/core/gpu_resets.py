@@ -123,11 +123,6 @@ class GpuResets:
         self.max_unanswered = 3
         self.verify_reports = 3
 
-    def pending(self, node: str) -> tuple[tuple[int, ...], Stage] | None:
-        """The GPUs a reset of ``node`` is about and its stage (None: no reset)."""
-        plan = self._resets.get(node)
-        return None if plan is None else (tuple(sorted(plan.gpus)), plan.stage)
-
     def forget(self, node: str) -> None:
         """Drop the node's reset (an operator undrained it, or it was removed)."""
         self._resets.pop(node, None)
@@ -204,8 +199,9 @@ class GpuResets:
                 node=node.name,
                 allocation=node.allocation_id,
                 rule=action.rule,
-                reason=f"{gpus} need a reset ({action.reason}): the node drains and its "
-                "GPUs are reset once the allocation releases it",
+                reason=f"{gpus} {'needs' if len(action.gpus) == 1 else 'need'} a reset "
+                f"({action.reason}): the node drains and is reset once the allocation "
+                "releases it",
                 action=action.kind.value,
                 gpus=list(action.gpus),
             )

@@ -103,7 +103,7 @@ async def test_allocated_node_tells_the_job_drains_and_resets_once_released(
         )
         assert notice.allocation == alloc.id and notice.rule == "recovery-gpu-reset"
         assert (
-            "GPU 4 need a reset" in notice.reason
+            "GPU 4 needs a reset" in notice.reason
             and "once the allocation releases" in notice.reason
         )
         draining = await h.wait_node(node, lambda n: state(n) == "draining")
