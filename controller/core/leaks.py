@@ -296,8 +296,11 @@ class LeakWatcher:
     async def _judge(self, name: str, rack: str, readings: list[LeakReading]) -> None:
         """Act on one node's readings: a detector newly Critical powers the node
         off (first: it is the safety action); every other change of a
-        detector's state is recorded; a detector still Critical keeps it off."""
-        states = self._memory(name).states
+        detector's state is recorded; a detector still Critical keeps it off.
+        The states are remembered only once acted on: a change whose record
+        failed is acted on again by the next pass."""
+        memory = self._memory(name)
+        states = dict(memory.states)
         changes: list[tuple[LeakReading, LeakState, LeakState, str]] = []
         still_critical: LeakReading | None = None
         for reading in readings:
@@ -317,6 +320,7 @@ class LeakWatcher:
         for reading, state, before, why in changes:
             if not leaks or reading is not leaks[0][0]:
                 await self._changed(name, reading, state, before, why)
+        memory.states = states
 
     async def _changed(
         self, name: str, r: LeakReading, state: LeakState, before: LeakState, why: str
