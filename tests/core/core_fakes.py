@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from controller.core.agents import AgentHub, AgentSession
 from controller.core.errors import BmcUnreachable, InvalidArgument
-from controller.core.model import AgentCommand, BmcTarget, CommandOutcome
+from controller.core.model import AgentCommand, BmcTarget, CommandOutcome, LeakReading
 
 SCHEME = "fake://"
 
@@ -54,6 +54,9 @@ class FakeBmc:
 
     def health(self, node: str) -> str:
         return "unreachable" if node in self.unreachable else "ok"
+
+    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
+        return []  # no leak detectors on this BMC
 
     async def thermal_c(self, target: BmcTarget) -> list[float]:
         self._check(target, "thermal")

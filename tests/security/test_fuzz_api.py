@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from peers import ControllerThread
 
 from controller.core.errors import BmcUnreachable, InvalidArgument
-from controller.core.model import BmcTarget
+from controller.core.model import BmcTarget, LeakReading
 from controller.server import ControllerConfig
 from kiln.v1 import agent_pb2, fleet_pb2, types_pb2
 
@@ -89,6 +89,9 @@ class LoopbackBmc:
 
     def health(self, node: str) -> str:
         return "ok"
+
+    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
+        return []  # no leak detectors on this BMC
 
     async def thermal_c(self, target: BmcTarget) -> list[float]:
         return [40.0]
