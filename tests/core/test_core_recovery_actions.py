@@ -38,6 +38,14 @@ NONE = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
 NODE = "h200-n01"
 
 
+async def until(check: Callable[[], bool], within: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while not check():
+        assert loop.time() < end, "never happened"
+        await asyncio.sleep(0.1)
+
+
 async def held_for(seconds: float, check: Callable[[], bool]) -> None:
     """Assert ``check`` stays true for ``seconds``."""
     loop = asyncio.get_running_loop()
@@ -157,9 +165,10 @@ async def test_node_reboot_power_cycles_through_the_bmc_and_quarantines(
         )
         assert cycled.data["power"] == "on"
         assert await h.outcomes(NODE, "power_cycle") == ["power cycle"]
-        # The emulator took the node down and back up: the sim saw both, and
-        # the fake rebooted with it, which cleared the field.
-        assert sim.boots == 2 and sim.history[-2:] == ["off", "on"]
+        # The emulator took the node down and back up: the sim sees both (it
+        # polls the emulator), and the fake reboots with it, clearing the field.
+        await until(lambda: sim.history[-2:] == ["off", "on"], within=30.0)
+        assert sim.boots == 2
         assert h.recovery_field(NODE, 0) == NONE
         node = await h.wait_node(NODE, lambda n: state(n) == "quarantined")
         assert node.state_reason.startswith(
