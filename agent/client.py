@@ -489,7 +489,8 @@ class Agent:
                 else:
                     reset_with_nvidia_smi(index)
             except pynvml.NVMLError as e:
-                failures.append(f"GPU {index}: reset failed: {e}")
+                name = type(e).__name__.removeprefix("NVMLError_")
+                failures.append(f"GPU {index}: reset failed: {name}: {e}")
             except (OSError, RuntimeError) as e:
                 failures.append(f"GPU {index}: reset failed: {e}")
             else:

@@ -49,7 +49,14 @@ from controller.policies import (
 
 log = logging.getLogger(__name__)
 
-WATCHED = (NodeState.READY, NodeState.ALLOCATED, NodeState.DRAINING, NodeState.PREPARING)
+# A node under test runs its GPUs hardest: the thermal rules must watch it too.
+WATCHED = (
+    NodeState.READY,
+    NodeState.ALLOCATED,
+    NodeState.DRAINING,
+    NodeState.PREPARING,
+    NodeState.TESTING,
+)
 # Actions that keep a node out of service after a GPU reset of it is done.
 TAKES_OUT = frozenset(
     {

@@ -295,6 +295,9 @@ class Lifecycle:
             if self._checks is None:  # a suite was configured before a restart
                 await self._move(row.name, S.PREPARING, "no check suite configured")
                 return await self._prepare(await self._row(row.name))
+            if not self._checks.running(row.name) and not self._agents.is_connected(row.name):
+                self._back_off(row, idle=True)  # its registration pokes the node
+                return False
             self._checks.resume(row)  # a run in flight stays; the run's end pokes it
             self._back_off(row, idle=True)
             return False

@@ -44,6 +44,8 @@ levels:
       scope: rack
       simulated: 0.2s
       timeout: 30s
+  long:
+    - {name: dcgm-r3, kind: dcgm_diag, run: 3, simulated: 60s, timeout: 120s}
 """
 
 # Only a heat rule: the default rules would act on the injected faults too
@@ -53,7 +55,8 @@ version: v1
 rules:
   - name: shutdown-heat
     when: {metric: gpu_temp_margin_to_shutdown_c, op: "<=", value: 0}
-    actions: [notify_job]
+    for_samples: 2
+    actions: [notify_job, {power_off: now}]
 """
 
 PROFILE = """
@@ -267,3 +270,23 @@ async def test_a_profiles_checks_run_before_hand_off(env: Env) -> None:
     (node,) = ready.nodes
     hand_off = (await runs(env.stub, node))[-1]
     assert (hand_off.level, hand_off.trigger, hand_off.passed) == ("quick", "hand_off", True)
+
+
+async def test_a_node_that_overheats_under_test_is_powered_off_by_the_thermal_rules(
+    env: Env,
+) -> None:
+    await enroll_sim_fleet(env.stub, env.sim)
+    await wait_all_ready(env.stub)
+    await env.stub.RunChecks(fleet_pb2.RunChecksRequest(nodes=["h200-n01"], level="long"))
+    await wait_node_state(env.stub, "h200-n01", types_pb2.NODE_STATE_TESTING)
+    env.sim.nodes["h200-n01"].nvml.faults.apply_fault(
+        {"kind": "heat", "gpu": 4, "target_c": 97, "rate_c_per_s": 200}
+    )
+    off = await wait_node_state(env.stub, "h200-n01", types_pb2.NODE_STATE_POWERED_OFF, 30)
+    assert "shutdown-heat" in off.state_reason
+    assert env.sim.read_power()["h200-n01"] == "Off"
+    # The interrupted run does not bring the node back.
+    await asyncio.sleep(1.0)
+    assert (await env.stub.GetNode(fleet_pb2.GetNodeRequest(name="h200-n01"))).state == (
+        types_pb2.NODE_STATE_POWERED_OFF
+    )

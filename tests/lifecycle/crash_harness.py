@@ -30,7 +30,7 @@ from controller.sim.ports import free_port
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 KILL_MODES = ("create_ack", "preparing", "releasing", "release_ack", "random")
-UNSETTLED = frozenset({"enrolled", "inspecting", "preparing", "releasing"})
+UNSETTLED = frozenset({"enrolled", "inspecting", "preparing", "releasing", "testing"})
 OUT = frozenset({"maintenance", "draining", "quarantined", "powered_off"})
 ADMITTED = frozenset({"preparing", "ready", "released"})  # never back to pending
 
