@@ -30,10 +30,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from controller.api.limits import DEFAULT_MAX_STREAMS, DEFAULT_RATE
+from controller.bmc.image_check import MODES
 from controller.checks import Suite, load_default_suite, load_suite
 from controller.core.errors import InvalidArgument, KilnError
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
+from controller.core.provisioning import ProvisionLimits
 from controller.core.queues import load_queues
 from controller.events.broker import BrokerAccess, BrokerTls, read_password_file
 from controller.placement import QueueConfig
@@ -43,6 +45,8 @@ from controller.store.engine import default_sqlite_url
 from controller.store.secrets import SecretBox
 from controller.store.startup_checks import check_database, check_secret_key
 from controller.tls import server_credentials
+from images.catalog import DEFAULT_PATH as DEFAULT_CATALOG
+from images.catalog import Catalog, CatalogError, load_catalog
 
 
 class OptionError(InvalidArgument):
@@ -227,6 +231,49 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.firmware_per_rack,
         help="firmware updates at once in one rack (default %(default)s)",
     )
+    provision = ProvisionLimits()
+    p.add_argument(
+        "--images",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="OS image catalogue for `kiln nodes provision` (default: the packaged "
+        "images/catalog.yaml; format in images/README.md)",
+    )
+    p.add_argument(
+        "--image-server",
+        default=None,
+        metavar="URL",
+        help="base URL of the image server BMCs fetch images from (overrides the "
+        "catalogue's image_server)",
+    )
+    p.add_argument(
+        "--image-verify",
+        choices=MODES,
+        default="fetch",
+        help="how an image is checked against its pinned sha256 before provisioning: "
+        "'fetch' downloads and hashes it, 'sidecar' compares URL.sha256 on the image "
+        "server (default %(default)s)",
+    )
+    p.add_argument(
+        "--provision-agent-timeout",
+        type=seconds,
+        default=provision.agent_timeout_s,
+        help="seconds from a provisioned node's power cycle until its agent must "
+        "register; then it is quarantined (default %(default)g)",
+    )
+    p.add_argument(
+        "--max-provisioning",
+        type=positive,
+        default=provision.fleet,
+        help="nodes booting an image at once, fleet-wide (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-provisioning-per-rack",
+        type=positive,
+        default=provision.per_rack,
+        help="nodes booting an image at once in one rack (default %(default)s)",
+    )
     p.add_argument(
         "--reconcile-interval",
         type=seconds,
@@ -407,6 +454,15 @@ def parse(argv: list[str] | None = None) -> Options:
             firmware_fleet=args.max_firmware_updates,
             firmware_per_rack=args.max_firmware_updates_per_rack,
         ),
+        images=load_image_catalog(args.images),
+        images_file=args.images,
+        image_server=args.image_server,
+        image_verify=args.image_verify,
+        provision_limits=ProvisionLimits(
+            fleet=args.max_provisioning,
+            per_rack=args.max_provisioning_per_rack,
+            agent_timeout_s=args.provision_agent_timeout,
+        ),
         secret_key_file=key_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -444,6 +500,15 @@ def read_text(option: str, path: Path) -> str:
 
 def _not_utf8(e: UnicodeDecodeError) -> str:
     return f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+
+
+def load_image_catalog(path: Path | None) -> Catalog:
+    """``--images``: the catalogue file (None: the packaged one), every problem named."""
+    try:
+        return load_catalog(path or DEFAULT_CATALOG)
+    except CatalogError as e:
+        name = path.name if path is not None else DEFAULT_CATALOG.name
+        raise OptionError.file("--images", name, "; ".join(e.problems)) from None
 
 
 def load_profiles(directory: Path | None) -> ProfileCatalog:

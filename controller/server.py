@@ -45,6 +45,7 @@ from controller.api.limits import (
     RequestLimits,
 )
 from controller.bmc.gateway import PoolGateway
+from controller.bmc.image_check import HttpImageVerifier
 from controller.bmc.pool import BmcPool
 from controller.checks import Suite
 from controller.core.errors import InvalidArgument
@@ -52,6 +53,7 @@ from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
+from controller.core.provisioning import ProvisionLimits
 from controller.dashboard.routes import Dashboard
 from controller.events.broker import BrokerAccess
 from controller.events.publisher import MqttPublisher
@@ -65,6 +67,8 @@ from controller.store.outbox import StoreOutbox
 from controller.store.secrets import SecretBox
 from controller.store.sql_store import SqlStore
 from controller.tls import ReloadableTls, TlsConfigError
+from images.catalog import DEFAULT_PATH as DEFAULT_CATALOG
+from images.catalog import Catalog, CatalogError, load_catalog
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc
 from kiln_common.tokens import write_private
 
@@ -173,6 +177,16 @@ def _refusal(client_streaming: bool, server_streaming: bool) -> grpc.RpcMethodHa
     return make(refuse)
 
 
+def load_images(path: Path | None) -> Catalog:
+    """The image catalogue at ``path`` (None: the packaged one).
+
+    Raises InvalidArgument listing every problem (``images.catalog``)."""
+    try:
+        return load_catalog(path or DEFAULT_CATALOG)
+    except CatalogError as e:
+        raise InvalidArgument(f"--images: {e}") from None
+
+
 @dataclass
 class ControllerConfig:
     listen: str = "127.0.0.1:50051"
@@ -198,6 +212,14 @@ class ControllerConfig:
     mqtt_access: BrokerAccess | None = None  # its credentials and TLS (None: anonymous, plain)
     power_sync_interval: float = 60.0
     leak_interval: float = 5.0  # seconds between reads of every node's leak detectors
+    # OS provisioning (docs/provisioning.md): the image catalogue (None: the
+    # file images_file, or the packaged images/catalog.yaml), the image server
+    # overriding its own, how images are verified, caps and the agent timeout.
+    images: Catalog | None = field(default=None, repr=False)
+    images_file: Path | None = None
+    image_server: str | None = None
+    image_verify: str = "fetch"  # or "sidecar": URL.sha256 on the image server
+    provision_limits: ProvisionLimits = field(default_factory=ProvisionLimits)
     agent_silent_after: float = 15.0  # then the BMC's thermal sensors feed the policies
     bmc_thermal_interval: float = 10.0
     secret_key_file: Path | None = None  # None: secret.key in the state directory
@@ -352,6 +374,10 @@ class ControllerServer:
             max_reports_per_second=cfg.max_health_reports_per_second,
             meter=self.metrics.meter,
             checks=cfg.checks,
+            images=cfg.images or load_images(cfg.images_file),
+            image_verifier=HttpImageVerifier(mode=cfg.image_verify),
+            image_server=cfg.image_server,
+            provision_limits=cfg.provision_limits,
         )
         if cfg.mqtt:
             host, _, port = cfg.mqtt.rpartition(":")

@@ -19,6 +19,7 @@ from controller.core.model import (
     GpuInfo,
     NodeInfo,
     PowerResult,
+    ProvisionProgress,
     RackInfo,
 )
 from controller.core.paging import AllocationFilter, NodeFilter
@@ -338,4 +339,18 @@ def audit_entry_pb(e: AuditEntry) -> fleet_pb2.AuditEntry:
         arguments_json=json.dumps(e.arguments, sort_keys=True),
         code=e.code,
         detail=e.detail,
+    )
+
+
+def provision_progress_pb(p: ProvisionProgress) -> fleet_pb2.ProvisionProgress:
+    return fleet_pb2.ProvisionProgress(
+        node=p.node,
+        phase=p.phase,
+        ok=p.ok,
+        error=p.error,
+        image=p.image,
+        image_url=p.image_url,
+        done=p.done,
+        total=p.total,
+        elapsed_s=p.elapsed_s,
     )

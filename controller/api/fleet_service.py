@@ -12,7 +12,7 @@ from controller.api.auth.identity import current_caller
 from controller.api.errors import streaming, unary
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet, TopologyFormat
-from controller.core.model import EnrollSpec, PowerScope
+from controller.core.model import EnrollSpec, PowerScope, ProvisionScope
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
@@ -89,6 +89,20 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         )
         async for result, done, total in progress:
             yield convert.power_progress_pb(result, done, total)
+
+    @streaming
+    async def ProvisionNodes(
+        self, request: fleet_pb2.ProvisionNodesRequest, context: Ctx
+    ) -> AsyncIterator[fleet_pb2.ProvisionProgress]:
+        progress = self._fleet.provision_many(
+            ProvisionScope(names=tuple(request.names), rack=request.rack),
+            request.image,
+            image_server=request.image_server,
+            concurrency=request.concurrency,
+            by=current_caller(),
+        )
+        async for line in progress:
+            yield convert.provision_progress_pb(line)
 
     @unary
     async def DrainNode(self, request: fleet_pb2.DrainNodeRequest, context: Ctx) -> fleet_pb2.Node:

@@ -84,6 +84,10 @@ OVERRIDES: Mapping[str, int] = {
     "kiln.v1.InjectFaultRequest.fault_json": 4096,
     "kiln.v1.PowerNodesRequest.names": 4096,  # 4096 × 63 characters ≈ 256 KiB
     "kiln.v1.PowerNodesRequest.names[]": NAME,
+    "kiln.v1.ProvisionNodesRequest.names": 4096,
+    "kiln.v1.ProvisionNodesRequest.names[]": NAME,
+    "kiln.v1.ProvisionNodesRequest.image": 63,  # a catalogue name (images/catalog.py)
+    "kiln.v1.ProvisionNodesRequest.image_server": URL,
     "kiln.v1.Register.hostname": 253,  # a DNS name
     "kiln.v1.Register.driver_version": 80,  # NVML's version buffer
     "kiln.v1.Register.gpus": MAX_GPUS_PER_NODE,

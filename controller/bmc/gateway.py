@@ -7,8 +7,8 @@ from controller.bmc.address import BmcCredentials, TlsOptions, parse_bmc_url
 from controller.bmc.base import PowerAction, PowerState
 from controller.bmc.fleet import run_bulk
 from controller.bmc.pool import Bmc, BmcPool
-from controller.bmc.types import Health, LeakDetectorReading
-from controller.core.errors import InvalidArgument
+from controller.bmc.types import BootDevice, BootMode, Health, LeakDetectorReading
+from controller.core.errors import InvalidArgument, NotSupported
 from controller.core.model import BmcTarget, DetectorHealth, LeakReading
 
 ACTIONS = {
@@ -158,6 +158,43 @@ class PoolGateway:
             state = STATES.get(outcome.value, "unknown") if outcome.ok and outcome.value else None
             polled[node] = (state, self.health(node))
         return polled
+
+    def boot_media(self, url: str) -> str:
+        """How a node of this BMC URL boots an image from a URL (no I/O).
+
+        Redfish: virtual media. IPMI has neither virtual media nor a boot
+        device that names a URL (its boot flags know PXE, disk and CD, not
+        UEFI HTTP boot), so it is refused here, before anything is changed.
+        """
+        address = parse_bmc_url(url)
+        if address.protocol == "redfish":
+            return "virtual_media"
+        raise NotSupported(
+            "provisioning an image from a URL",
+            f"{address.protocol} BMC: it has no virtual media and no boot device that names "
+            "a URL (UEFI HTTP boot); enrol the node by its Redfish URL to provision it",
+        )
+
+    async def insert_media(self, target: BmcTarget, image_url: str) -> None:
+        await self._bmc(target).vmedia.insert(image_url)
+
+    async def media_state(self, target: BmcTarget) -> tuple[bool, str]:
+        state = await self._bmc(target).vmedia.state()
+        return state.inserted, state.image_url or ""
+
+    async def eject_media(self, target: BmcTarget) -> None:
+        await self._bmc(target).vmedia.eject()
+
+    async def boot_once(self, target: BmcTarget, device: str) -> None:
+        try:
+            wanted = BootDevice(device)
+        except ValueError as e:
+            raise InvalidArgument(f"unknown boot device {device!r}") from e
+        await self._bmc(target).boot.set(wanted, persistent=False, mode=BootMode.UEFI)
+
+    async def boot_override(self, target: BmcTarget) -> tuple[str, bool]:
+        override = await self._bmc(target).boot.get()
+        return override.device.value, override.persistent
 
     def forget(self, node: str) -> None:
         self._handles.pop(node, None)

@@ -6,10 +6,13 @@ and the event log together. It knows nothing of gRPC or of BMC libraries.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import enum
 import json
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -21,6 +24,7 @@ from controller.core.checks import CheckRunInfo, CheckRunner
 from controller.core.errors import (
     FailedPrecondition,
     InvalidArgument,
+    KilnError,
     NotFound,
     PermissionDenied,
 )
@@ -44,6 +48,9 @@ from controller.core.model import (
     NodeInfo,
     PowerResult,
     PowerScope,
+    ProvisionPhase,
+    ProvisionProgress,
+    ProvisionScope,
     RackInfo,
 )
 from controller.core.nodes import BASELINE_GATE, Nodes, validate_gpus
@@ -54,11 +61,13 @@ from controller.core.paging import (
     allocation_page,
     node_page,
 )
-from controller.core.ports import BmcGateway, Store
+from controller.core.ports import BmcGateway, ImageVerifier, Store
 from controller.core.power_block import PowerBlockGate
 from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import HealthGate, ProfileCatalog
+from controller.core.provisioning import FINAL, Provisioner, ProvisionLimits, progress_lines
+from controller.core.states import NodeState
 from controller.core.tasks import BackgroundTasks
 from controller.core.tokens import Tokens
 from controller.placement import (
@@ -67,6 +76,7 @@ from controller.placement import (
     export_slurm_topology,
 )
 from controller.policies import PolicyEngine, RuleSet, load_default_rules
+from images.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +123,17 @@ class Fleet:
         baseline_gate: HealthGate | None = BASELINE_GATE,
         checks: Suite | None = None,
         leak_interval: float = DEFAULT_LEAK_INTERVAL,
+        images: Catalog | None = None,
+        image_verifier: ImageVerifier | None = None,
+        image_server: str | None = None,
+        provision_limits: ProvisionLimits | None = None,
     ) -> None:
         """``checks``: the health-check suite (``controller.checks``); None
         runs no checks, and RunChecks is refused. ``leak_interval``: seconds
-        between reads of every node's leak detectors (``core.leaks``)."""
+        between reads of every node's leak detectors (``core.leaks``).
+        ``images``: the OS image catalogue (None: ProvisionNodes is refused),
+        ``image_verifier`` checks an image's bytes against its pin first,
+        ``image_server`` overrides the catalogue's; see ``core.provisioning``."""
         self.store = store
         self.meter: Meter = meter or NullMeter()
         self.profiles = profiles or ProfileCatalog()
@@ -134,6 +151,17 @@ class Fleet:
             if checks is not None
             else None
         )
+        self.provisioner = Provisioner(
+            store,
+            self.nodes,
+            self.agents,
+            bmc,
+            catalog=images,
+            verifier=image_verifier,
+            limits=provision_limits,
+            image_server=image_server,
+            on_slot_free=self._slot_free,
+        )
         self.lifecycle = Lifecycle(
             store,
             self.nodes,
@@ -145,6 +173,7 @@ class Fleet:
             interval=reconcile_interval,
             preparer=Preparer(bmc, prep_limits),
             checks=self.checks,
+            provisioner=self.provisioner,
         )
         self.policies = PolicyRunner(
             store,
@@ -243,6 +272,115 @@ class Fleet:
     ) -> AsyncIterator[tuple[PowerResult, int, int]]:
         """See ``Nodes.power_many``."""
         return self.nodes.power_many(scope, action, concurrency=concurrency)
+
+    async def provision_many(
+        self,
+        scope: ProvisionScope,
+        image: str,
+        *,
+        image_server: str = "",
+        concurrency: int = 0,
+        by: Caller | None = None,
+    ) -> AsyncIterator[ProvisionProgress]:
+        """Provision ``image`` onto the scope's nodes, at most ``concurrency``
+        of them in provisioning at once (0: the controller's default); yields
+        each node's progress (``core.provisioning.PHASES``) as it happens and
+        ends when every node reached inspecting or failed.
+
+        Everything is checked before any node is touched (``Provisioner.resolve``
+        and ``targets``). A node already started goes on when the stream ends
+        (its state is stored); one not yet started is not started.
+
+        Raises:
+            InvalidArgument, NotFound, FailedPrecondition, Unavailable: see
+                ``Provisioner.resolve`` and ``Provisioner.targets``.
+        """
+        if concurrency < 0:
+            raise InvalidArgument("concurrency must be 0 or more")
+        started = time.monotonic()
+        resolved = await self.provisioner.resolve(image, image_server)
+        chosen, skipped = await self.provisioner.targets(scope, resolved.url)
+        total = len(chosen) + len(skipped)
+        for line in progress_lines(chosen, skipped):
+            yield dataclasses.replace(line, image=resolved.image, image_url=resolved.url)
+        done = len(skipped)
+        merged: asyncio.Queue[ProvisionProgress] = asyncio.Queue()
+        gate = asyncio.Semaphore(concurrency or self.provisioner.limits.default_concurrency)
+        who = by.name if by is not None else ""
+
+        async def one(name: str) -> None:
+            async with gate:
+                watch = self.provisioner.watch(name)
+                try:
+                    await self.provisioner.begin(name, resolved, by=who)
+                    self.lifecycle.poke(name)
+                    while True:
+                        try:
+                            line = await asyncio.wait_for(watch.get(), 2.0)
+                        except TimeoutError:
+                            left = await self._left_provisioning(name)
+                            if left is None:
+                                continue
+                            line = left
+                        await merged.put(line)
+                        if line.phase in FINAL:
+                            return
+                except Exception as e:
+                    error = str(e) if isinstance(e, KilnError) else "internal error"
+                    if not isinstance(e, KilnError):
+                        log.exception("node %s: provisioning request failed", name)
+                    await merged.put(
+                        ProvisionProgress(node=name, phase="failed", ok=False, error=error)
+                    )
+                finally:
+                    self.provisioner.unwatch(name, watch)
+
+        tasks = [asyncio.create_task(one(n), name=f"provision-{n}") for n in chosen]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                line = await merged.get()
+                if line.phase in FINAL:
+                    done += 1
+                    remaining -= 1
+                yield dataclasses.replace(
+                    line,
+                    image=resolved.image,
+                    image_url=resolved.url,
+                    done=done,
+                    total=total,
+                    elapsed_s=round(time.monotonic() - started, 3),
+                )
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _left_provisioning(self, name: str) -> ProvisionProgress | None:
+        """The final line for a node that left provisioning without a word to
+        this request (an operator drained it, it was removed), or None."""
+        try:
+            row = await self.nodes.record(name)
+        except NotFound:
+            return ProvisionProgress(node=name, phase="failed", ok=False, error="node removed")
+        if row.state == NodeState.PROVISIONING:
+            return None
+        failed = row.state in (NodeState.DRAINING, NodeState.QUARANTINED)
+        return ProvisionProgress(
+            node=name,
+            phase="failed" if failed else "inspecting",
+            ok=not failed,
+            error=row.state_reason if failed else "",
+        )
+
+    def _slot_free(self) -> None:
+        """A provisioning slot freed: look at the queued nodes now."""
+        view = self.nodes.view
+        if not view.ready:
+            return
+        for node in view.in_states([NodeState.PROVISIONING]):
+            if node.provision is not None and node.provision.phase == ProvisionPhase.QUEUED:
+                self.lifecycle.poke(node.name)
 
     async def set_credentials(self, name: str, username: str, password: str) -> NodeInfo:
         """See ``Nodes.set_credentials``; a node held back by a refused login

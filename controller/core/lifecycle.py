@@ -22,6 +22,10 @@ Each pass looks at every node and takes the one next step its state calls for:
                               agent could not finish quarantines, with its reasons
     draining   → maintenance  (or the out-of-service state the drain asked for)
                               once no allocation holds the node
+    provisioning → inspecting once the catalogue image is inserted, the node
+                              booted from it and its agent registered again;
+                              quarantined when no agent came in time
+                              (``core/provisioning.py``)
 
 Every step is idempotent and every state is persisted before its work starts,
 so a controller killed at any point resumes where it was on the next pass.
@@ -56,6 +60,7 @@ from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.preparation import PreparationFailed, Preparer, gate_problems
 from controller.core.profiles import HealthGate, ProfileCatalog
+from controller.core.provisioning import Provisioner
 from controller.core.records import NodeRecord
 from controller.core.states import NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
@@ -97,7 +102,15 @@ def _steady(reason: str) -> str:
 
 
 # The states a pass reads: each calls for a step.
-STEPPING = (S.ENROLLED, S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING, S.TESTING)
+STEPPING = (
+    S.ENROLLED,
+    S.INSPECTING,
+    S.PREPARING,
+    S.RELEASING,
+    S.DRAINING,
+    S.TESTING,
+    S.PROVISIONING,
+)
 
 
 @dataclass(frozen=True)
@@ -146,10 +159,13 @@ class Lifecycle:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         checks: CheckRunner | None = None,
+        provisioner: Provisioner | None = None,
     ) -> None:
         """``checks``: the health-check runner; None runs no checks (a node
-        goes from inspection straight to preparation)."""
+        goes from inspection straight to preparation). ``provisioner``: steps
+        provisioning nodes; None sends one found provisioning to inspection."""
         self._store = store
+        self._provisioner = provisioner
         self._checks = checks
         self._nodes = nodes
         self._agents = agents
@@ -291,6 +307,8 @@ class Lifecycle:
             return await self._prepare(row)
         if state == S.RELEASING:
             return await self._release(row)
+        if state == S.PROVISIONING:
+            return await self._provision(row)
         if state == S.TESTING:
             if self._checks is None:  # a suite was configured before a restart
                 await self._move(row.name, S.PREPARING, "no check suite configured")
@@ -310,6 +328,19 @@ class Lifecycle:
             await self._gpu_command(row.name, AgentCommand("reset_gpus"), best_effort=True)
             target = row.drain_target or S.MAINTENANCE
             await self._move(row.name, target, row.state_reason or "drained")
+        return False
+
+    async def _provision(self, row: NodeRecord) -> bool:
+        """One provisioning step; inspects the node at once when its agent is back."""
+        if self._provisioner is None:
+            await self._move(row.name, S.INSPECTING, "no provisioner configured")
+            return await self._step(await self._row(row.name))
+        moved = await self._provisioner.step(row)
+        if moved is None:  # waiting: for a slot, or for the agent (its registration pokes)
+            self._back_off(row, idle=True)
+            return False
+        if moved:
+            return await self._step(await self._row(row.name))
         return False
 
     async def _inspect(self, row: NodeRecord) -> bool:

@@ -224,3 +224,67 @@ def short_gpu_model(nvml_name: str) -> str:
     """ "NVIDIA H100 80GB HBM3" → "H100"; "NVIDIA GB200" → "GB200"."""
     words = nvml_name.replace("NVIDIA", "").split()
     return words[0].upper() if words else ""
+
+
+class ProvisionPhase(enum.StrEnum):
+    """Where a node's provisioning is; persisted with the node (``ProvisionOp``)."""
+
+    QUEUED = "queued"  # in provisioning, waiting for a fleet or rack slot
+    MEDIA = "media"  # slot taken: inserting media, setting the boot, power-cycling
+    BOOTING = "booting"  # power-cycled at ``cycled_at``: waiting for the agent
+
+
+@dataclass(frozen=True)
+class ProvisionOp:
+    """The image a node is being provisioned with, kept on the node record so
+    that a restarted controller resumes it (``controller.core.provisioning``).
+
+    ``url`` is what the BMC fetches (resolved against the image server when
+    the operation began); ``sha256`` the pinned digest it was verified
+    against. Times are Unix seconds (wall clock: they outlive the process);
+    ``agent_back_at`` is 0 until the node's agent registered after the cycle.
+    """
+
+    image: str
+    url: str
+    sha256: str
+    phase: ProvisionPhase = ProvisionPhase.QUEUED
+    started_at: float = 0.0
+    cycled_at: float = 0.0
+    agent_back_at: float = 0.0
+    by: str = ""  # who asked
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["phase"] = self.phase.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProvisionOp:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["phase"] = ProvisionPhase(values.get("phase", ProvisionPhase.QUEUED.value))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ProvisionScope:
+    """The nodes a provisioning request covers: the named ones or one rack."""
+
+    names: tuple[str, ...] = ()
+    rack: str = ""
+
+
+@dataclass(frozen=True)
+class ProvisionProgress:
+    """One node reached ``phase`` (see ``controller.core.provisioning.PHASES``)."""
+
+    node: str
+    phase: str
+    ok: bool = True
+    error: str = ""
+    image: str = ""
+    image_url: str = ""
+    done: int = 0
+    total: int = 0
+    elapsed_s: float = 0.0

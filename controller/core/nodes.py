@@ -31,6 +31,7 @@ from controller.core.model import (
     NodeInfo,
     PowerResult,
     PowerScope,
+    ProvisionPhase,
     RackInfo,
     short_gpu_model,
 )
@@ -692,6 +693,9 @@ class Nodes:
             node.gpu_count = len(gpus)
             node.nvlink_domain = cliques.pop() if len(cliques) == 1 else ""
             node.agent_last_seen = time.time()
+            # A provisioning node's agent registering after the power cycle:
+            # the new OS booted (the lifecycle moves it on to inspection).
+            back = agent_back(node, node.agent_last_seen)
             tx.nodes.save(node)
             if node.state == NodeState.READY and applied_profile != node.applied_profile:
                 move(
@@ -704,7 +708,7 @@ class Nodes:
                 tx,
                 EventKind.NODE_AGENT,
                 node=name,
-                reason="agent connected",
+                reason="agent connected after provisioning" if back else "agent connected",
                 gpus=len(gpus),
                 gpu_model=node.gpu_model,
                 nvlink_domain=node.nvlink_domain,
@@ -758,3 +762,14 @@ class Nodes:
                 record(tx, kind, node=name, allocation=node.allocation_id, reason=reason, **fields)
 
         await self._store.tx(write)
+
+
+def agent_back(node: NodeRecord, now: float) -> bool:
+    """In a registration's transaction: mark that a provisioning node's agent
+    registered after the power cycle (``controller.core.provisioning``); True
+    when it did (the node was booting its new image)."""
+    op = node.provision
+    if node.state != NodeState.PROVISIONING or op is None or op.phase != ProvisionPhase.BOOTING:
+        return False
+    node.provision = dataclasses.replace(op, agent_back_at=now)
+    return True

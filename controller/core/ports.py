@@ -316,8 +316,55 @@ class BmcGateway(Protocol):
         Never raises for one BMC's failure; a broken BMC never slows the rest."""
         ...
 
+    def boot_media(self, url: str) -> str:
+        """How a node with this BMC URL boots an image from a URL, answered
+        without I/O: "virtual_media" (inserted as a CD, one-time boot from CD).
+
+        Raises:
+            NotSupported: the protocol cannot boot an image from a URL (IPMI:
+                no virtual media, no HTTP boot device); the message says so.
+        """
+        ...
+
+    async def insert_media(self, target: BmcTarget, image_url: str) -> None:
+        """Insert ``image_url`` as virtual CD (write-protected). Idempotent:
+        the same image already inserted is left as it is; another is ejected
+        first. Raises NotSupported, BmcError and its kin."""
+        ...
+
+    async def media_state(self, target: BmcTarget) -> tuple[bool, str]:
+        """(inserted, image URL or "") of the virtual CD. Raises as ``insert_media``."""
+        ...
+
+    async def eject_media(self, target: BmcTarget) -> None:
+        """Eject the virtual CD; idempotent. Raises as ``insert_media``."""
+        ...
+
+    async def boot_once(self, target: BmcTarget, device: str) -> None:
+        """Boot from ``device`` ("cd", "pxe", "disk", "uefi_http") at the next
+        boot only. Raises NotSupported (device), BmcError and its kin."""
+        ...
+
+    async def boot_override(self, target: BmcTarget) -> tuple[str, bool]:
+        """The boot override now: (device or "none", persistent)."""
+        ...
+
     def forget(self, node: str) -> None:
         """Drop any cached connection for ``node`` (after re-enrolment)."""
         ...
 
     async def close(self) -> None: ...
+
+
+class ImageVerifier(Protocol):
+    """Checks an OS image against its pinned digest before a BMC is told about it."""
+
+    async def verify(self, url: str, sha256: str) -> None:
+        """Return when the image at ``url`` has this SHA-256 (64 hex digits).
+
+        Raises:
+            FailedPrecondition: the image (or its published digest) differs.
+            Unavailable: the image cannot be read from here, so it cannot be
+                verified (provisioning is refused, never done unverified).
+        """
+        ...

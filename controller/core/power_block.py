@@ -71,6 +71,24 @@ class PowerBlockGate:
     ) -> dict[str, tuple[str | None, str]]:
         return await self._inner.poll_power(targets, concurrency)
 
+    def boot_media(self, url: str) -> str:
+        return self._inner.boot_media(url)
+
+    async def insert_media(self, target: BmcTarget, image_url: str) -> None:
+        await self._inner.insert_media(target, image_url)
+
+    async def media_state(self, target: BmcTarget) -> tuple[bool, str]:
+        return await self._inner.media_state(target)
+
+    async def eject_media(self, target: BmcTarget) -> None:
+        await self._inner.eject_media(target)
+
+    async def boot_once(self, target: BmcTarget, device: str) -> None:
+        await self._inner.boot_once(target, device)
+
+    async def boot_override(self, target: BmcTarget) -> tuple[str, bool]:
+        return await self._inner.boot_override(target)
+
     def forget(self, node: str) -> None:
         self._inner.forget(node)
 

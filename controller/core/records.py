@@ -13,7 +13,7 @@ from typing import Any
 
 from controller.core.health import HealthReport
 from controller.core.kinds import EventKind
-from controller.core.model import AllocationSpec
+from controller.core.model import AllocationSpec, ProvisionOp
 from controller.core.states import AllocationState, NodeState, PowerState
 
 
@@ -44,6 +44,7 @@ class NodeRecord:
     # The operation in flight, so a restarted controller resumes it:
     drain_target: NodeState | None = None  # the out-of-service state a drain ends in
     allocation_profile: str | None = None  # being prepared to its allocation's profile
+    provision: ProvisionOp | None = None  # the OS image being provisioned
     # Why the node may not be powered on ("": nothing blocks it): a Critical
     # coolant leak on its tray, until an operator clears it (kept across restarts).
     power_block: str = ""
@@ -60,7 +61,11 @@ class NodeRecord:
 
     @property
     def mid_operation(self) -> bool:
-        return self.drain_target is not None or self.allocation_profile is not None
+        return (
+            self.drain_target is not None
+            or self.allocation_profile is not None
+            or self.provision is not None
+        )
 
 
 @dataclass(slots=True)

@@ -3,6 +3,8 @@
     enrolled → inspecting → preparing → ready ⇄ allocated → releasing → ready
     inspecting | preparing | ready → testing → preparing | ready | quarantined
     any state → draining → (quarantined | powered_off | maintenance)
+    enrolled | ready | out of service → provisioning → inspecting
+                                        (docs/provisioning.md)
 
 A transition is legal when it is listed here; moving to the state a node is
 already in is always allowed (idempotent) and records nothing new.
@@ -27,6 +29,7 @@ class NodeState(enum.StrEnum):
     POWERED_OFF = "powered_off"
     MAINTENANCE = "maintenance"
     TESTING = "testing"  # running a level of the health-check suite
+    PROVISIONING = "provisioning"  # booting an OS image from the catalogue
 
 
 class PowerState(enum.StrEnum):
@@ -51,23 +54,31 @@ OPEN = frozenset({AllocationState.PENDING, *HOLDING})
 S = NodeState
 
 # States a controller may find a node in after a crash, and where it resumes.
-TRANSITIONAL = frozenset({S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING, S.TESTING})
+TRANSITIONAL = frozenset(
+    {S.INSPECTING, S.PREPARING, S.RELEASING, S.DRAINING, S.TESTING, S.PROVISIONING}
+)
 
 OUT_OF_SERVICE = frozenset({S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE})
 
 ALLOWED: dict[NodeState, frozenset[NodeState]] = {
-    S.ENROLLED: frozenset({S.INSPECTING}),
+    S.ENROLLED: frozenset({S.INSPECTING, S.PROVISIONING}),
     S.INSPECTING: frozenset({S.PREPARING, S.ENROLLED, S.TESTING}),
     S.PREPARING: frozenset({S.READY, S.ALLOCATED, S.INSPECTING, S.TESTING}),
-    S.READY: frozenset({S.ALLOCATED, S.PREPARING, S.INSPECTING, S.TESTING}),
+    S.READY: frozenset({S.ALLOCATED, S.PREPARING, S.INSPECTING, S.TESTING, S.PROVISIONING}),
     S.TESTING: frozenset({S.PREPARING, S.READY, S.INSPECTING, S.QUARANTINED}),
     S.ALLOCATED: frozenset({S.RELEASING, S.PREPARING, S.READY}),
     S.RELEASING: frozenset({S.READY, S.PREPARING}),
     S.DRAINING: frozenset({S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE}),
-    S.QUARANTINED: frozenset({S.INSPECTING, S.MAINTENANCE}),
-    S.POWERED_OFF: frozenset({S.INSPECTING, S.MAINTENANCE}),
-    S.MAINTENANCE: frozenset({S.INSPECTING}),
+    S.QUARANTINED: frozenset({S.INSPECTING, S.MAINTENANCE, S.PROVISIONING}),
+    S.POWERED_OFF: frozenset({S.INSPECTING, S.MAINTENANCE, S.PROVISIONING}),
+    S.MAINTENANCE: frozenset({S.INSPECTING, S.PROVISIONING}),
+    # The agent of the new OS registered: inspected as any node. A node whose
+    # agent never came back leaves through draining (quarantined).
+    S.PROVISIONING: frozenset({S.INSPECTING}),
 }
+
+# Where provisioning may start (an allocated node is refused with its allocation).
+PROVISIONABLE = frozenset({S.ENROLLED, S.READY, S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE})
 
 
 def check_transition(node: str, current: NodeState, target: NodeState) -> bool:

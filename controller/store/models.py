@@ -42,6 +42,7 @@ class NodeRow(SQLModel, table=True):
     drain_target: str = ""  # the out-of-service state a drain ends in
     allocation_profile: str = ""  # preparing to its allocation's profile
     power_block: str = ""  # why it may not be powered on (a coolant leak); "": nothing
+    provision_json: str = ""  # the OS image being provisioned (ProvisionOp), "": none
     created_at: float = 0.0
     updated_at: float = 0.0
 

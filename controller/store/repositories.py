@@ -20,7 +20,7 @@ from sqlmodel import Session, col, select, update
 from controller.core.health import GpuHealth, HealthReport, HealthSample
 from controller.core.identity import Role, TokenRecord
 from controller.core.kinds import EventKind
-from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo
+from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo, ProvisionOp
 from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState, PowerState
@@ -116,6 +116,7 @@ def node_record(row: NodeRow, *, with_health: bool = True) -> NodeRecord:
         health=health_from_json(row.health_json) if with_health else None,
         drain_target=NodeState(row.drain_target) if row.drain_target else None,
         allocation_profile=row.allocation_profile or None,
+        provision=_provision(row.provision_json),
     )
 
 
@@ -127,6 +128,14 @@ def _copy_node(node: NodeRecord, row: NodeRow) -> None:
     row.expected_power = node.expected_power.value if node.expected_power else ""
     row.drain_target = node.drain_target.value if node.drain_target else ""
     row.allocation_profile = node.allocation_profile or ""
+    row.provision_json = (
+        json.dumps(node.provision.to_dict(), sort_keys=True) if node.provision else ""
+    )
+
+
+def _provision(text: str) -> ProvisionOp | None:
+    """The stored provisioning operation; None when there is none."""
+    return ProvisionOp.from_dict(json.loads(text)) if text else None
 
 
 _GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuInfo))

@@ -65,6 +65,8 @@ FLEET_RULES: dict[str, Rule] = {
     "EnrollNode": _rule(PROVISIONER, ADMIN, mutating=True),
     "PowerNode": _rule(OPERATOR, ADMIN, mutating=True),
     "PowerNodes": _rule(OPERATOR, ADMIN, mutating=True),
+    # Provisioners install OS images on nodes they bring into the fleet.
+    "ProvisionNodes": _rule(OPERATOR, PROVISIONER, ADMIN, mutating=True),
     "DrainNode": _rule(OPERATOR, ADMIN, mutating=True),
     "RemoveNode": _rule(OPERATOR, PROVISIONER, ADMIN, mutating=True),
     "UndrainNode": _rule(OPERATOR, ADMIN, mutating=True),

@@ -199,6 +199,42 @@ class PowerProgress(_message.Message):
     total: int
     def __init__(self, node: _Optional[str] = ..., ok: _Optional[bool] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., error: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
+class ProvisionNodesRequest(_message.Message):
+    __slots__ = ("names", "rack", "image", "concurrency", "image_server")
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SERVER_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    rack: str
+    image: str
+    concurrency: int
+    image_server: str
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., rack: _Optional[str] = ..., image: _Optional[str] = ..., concurrency: _Optional[int] = ..., image_server: _Optional[str] = ...) -> None: ...
+
+class ProvisionProgress(_message.Message):
+    __slots__ = ("node", "phase", "ok", "error", "image", "image_url", "done", "total", "elapsed_s")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_URL_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    phase: str
+    ok: bool
+    error: str
+    image: str
+    image_url: str
+    done: int
+    total: int
+    elapsed_s: float
+    def __init__(self, node: _Optional[str] = ..., phase: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., image: _Optional[str] = ..., image_url: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
+
 class DrainNodeRequest(_message.Message):
     __slots__ = ("name", "reason")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -60,6 +60,11 @@ class FleetServiceStub:
                 request_serializer=kiln_dot_v1_dot_fleet__pb2.PowerNodesRequest.SerializeToString,
                 response_deserializer=kiln_dot_v1_dot_fleet__pb2.PowerProgress.FromString,
                 _registered_method=True)
+        self.ProvisionNodes = channel.unary_stream(
+                '/kiln.v1.FleetService/ProvisionNodes',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.ProvisionNodesRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.ProvisionProgress.FromString,
+                _registered_method=True)
         self.DrainNode = channel.unary_unary(
                 '/kiln.v1.FleetService/DrainNode',
                 request_serializer=kiln_dot_v1_dot_fleet__pb2.DrainNodeRequest.SerializeToString,
@@ -202,6 +207,15 @@ class FleetServiceServicer:
 
     def PowerNodes(self, request, context):
         """Bulk power over many BMCs: one progress message per finished node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProvisionNodes(self, request, context):
+        """Provision an OS image from the controller's catalogue onto nodes (Redfish
+        virtual media, one-time boot from CD, power cycle, wait for the agent),
+        with live progress as each node reaches a phase (docs/provisioning.md).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -386,6 +400,11 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.PowerNodes,
                     request_deserializer=kiln_dot_v1_dot_fleet__pb2.PowerNodesRequest.FromString,
                     response_serializer=kiln_dot_v1_dot_fleet__pb2.PowerProgress.SerializeToString,
+            ),
+            'ProvisionNodes': grpc.unary_stream_rpc_method_handler(
+                    servicer.ProvisionNodes,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.ProvisionNodesRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.ProvisionProgress.SerializeToString,
             ),
             'DrainNode': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainNode,
@@ -633,6 +652,33 @@ class FleetService:
             '/kiln.v1.FleetService/PowerNodes',
             kiln_dot_v1_dot_fleet__pb2.PowerNodesRequest.SerializeToString,
             kiln_dot_v1_dot_fleet__pb2.PowerProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProvisionNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kiln.v1.FleetService/ProvisionNodes',
+            kiln_dot_v1_dot_fleet__pb2.ProvisionNodesRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.ProvisionProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,7 @@ class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATE_POWERED_OFF: _ClassVar[NodeState]
     NODE_STATE_MAINTENANCE: _ClassVar[NodeState]
     NODE_STATE_TESTING: _ClassVar[NodeState]
+    NODE_STATE_PROVISIONING: _ClassVar[NodeState]
 
 class PowerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +51,7 @@ NODE_STATE_QUARANTINED: NodeState
 NODE_STATE_POWERED_OFF: NodeState
 NODE_STATE_MAINTENANCE: NodeState
 NODE_STATE_TESTING: NodeState
+NODE_STATE_PROVISIONING: NodeState
 POWER_STATE_UNSPECIFIED: PowerState
 POWER_STATE_ON: PowerState
 POWER_STATE_OFF: PowerState

@@ -1,0 +1,1 @@
+"""Kiln's OS image catalogue (``catalog.yaml``) and what provisioning reads from it."""
