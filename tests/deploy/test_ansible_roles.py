@@ -32,7 +32,7 @@ PREFIX = {
     "kiln_controller": "kiln_controller_",
     "kiln_agent": "kiln_agent_",
     "mosquitto": "mosquitto_",
-    "kiln_install": "kiln_",
+    "kiln_install": "kiln_install_",
 }
 # Variables Ansible itself supplies to every template.
 MAGIC = {"ansible_managed", "inventory_hostname", "groups"}
