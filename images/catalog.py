@@ -14,8 +14,14 @@ Contract:
   ``http`` or ``https``, no credentials, optionally starting with
   ``{image_server}``, which ``Catalog.resolve_url`` replaces by the
   catalogue's ``image_server`` or the one given.
-- Nothing here does I/O except ``load_catalog`` (reads one file) and
-  ``main``; ``verify`` hashes whatever byte chunks it is given.
+- A Talos entry's ``source.schematic`` may name a schematic file (relative
+  to the catalogue, e.g. ``talos/schematic.yaml``): ``load_catalog`` reads it
+  into ``source["schematic"]`` (the Image Factory document) and keeps its
+  path as ``source["schematic_file"]``; a missing or malformed file is a
+  problem like any other.
+- Nothing here does I/O except ``load_catalog`` (reads the catalogue and the
+  schematic files it names) and ``main``; ``verify`` hashes whatever byte
+  chunks it is given.
 
 ``python images/catalog.py [PATH]`` validates a catalogue and lists it.
 """
@@ -242,12 +248,37 @@ def parse_catalog(data: Any, origin: str = "catalog") -> Catalog:
 
 
 def load_catalog(path: Path = DEFAULT_PATH) -> Catalog:
-    """Read and validate a catalogue file; raises CatalogError (also for bad YAML)."""
+    """Read and validate a catalogue file and the schematic files it names;
+    raises CatalogError (also for bad YAML)."""
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         raise CatalogError(str(path), [f"cannot read: {e}"]) from e
+    problems: list[str] = []
+    entries = data.get("images") if isinstance(data, dict) else None
+    for index, entry in enumerate(entries if isinstance(entries, list) else []):
+        source = entry.get("source") if isinstance(entry, dict) else None
+        if isinstance(source, dict) and isinstance(source.get("schematic"), str):
+            source["schematic_file"] = source["schematic"]
+            source["schematic"] = _schematic(Path(path).parent, source["schematic"], problems)
+            if source["schematic"] is None:
+                problems[-1] = f"images[{index}] ({entry.get('name', '?')}): {problems[-1]}"
+    if problems:
+        raise CatalogError(str(path), problems)
     return parse_catalog(data, str(path))
+
+
+def _schematic(base: Path, name: str, problems: list[str]) -> dict[str, Any] | None:
+    """An Image Factory schematic file (``customization: ...``), or None with a problem."""
+    try:
+        doc = yaml.safe_load((base / name).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        problems.append(f"schematic {name}: cannot read: {e}")
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("customization"), dict):
+        problems.append(f"schematic {name}: not an Image Factory schematic (no customization)")
+        return None
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""``kiln nodes``: list, show, enroll, drain, undrain and clear a node's leak.
+"""``kiln nodes``: list, show, enroll, drain, undrain, provision, clear a node's leak.
 
 Power lives in ``controller.cli.power``; ``register`` wires both under
 ``kiln nodes``. Each handler takes the parsed arguments and returns an exit
@@ -19,6 +19,7 @@ from controller.cli.output import (
     MISSING,
     emit,
     emit_json,
+    emit_json_line,
     emit_table,
     fmt_list,
     fmt_mib,
@@ -153,6 +154,31 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_clear_leak)
 
     power.register(sub)
+    p = sub.add_parser(
+        "provision",
+        help="install an OS image from the controller's catalogue on nodes",
+        description="Insert a catalogue image through each node's BMC (Redfish virtual "
+        "media), boot it once from it, power-cycle, and wait for the node's agent to "
+        "register again; then the node is inspected as usual. Progress goes to stderr, "
+        "a summary to stdout; exit 1 if any node failed. See docs/provisioning.md.",
+    )
+    p.add_argument("names", nargs="*", metavar="NODE", help="node names")
+    p.add_argument("--rack", default="", help="every node in this rack")
+    p.add_argument("--image", required=True, metavar="NAME", help="a catalogue image name")
+    p.add_argument(
+        "--image-server",
+        default="",
+        metavar="URL",
+        help="base URL the BMCs fetch the image from (default: the controller's)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        metavar="N",
+        help="nodes of this request provisioning at once (default: controller's)",
+    )
+    p.set_defaults(func=cmd_provision, parser=p)
 
 
 def _node_state(text: str) -> int:
@@ -473,3 +499,61 @@ def _health_row(g: Any) -> tuple[Any, ...]:
         fmt_list(g.nvlink_down),
         fabric,
     )
+
+
+def cmd_provision(args: argparse.Namespace) -> int:
+    if bool(args.names) == bool(args.rack):
+        args.parser.error("give NODE names or --rack R (one of them)")
+    if args.concurrency < 0:
+        args.parser.error("--concurrency must be 0 or more")
+    request = fleet_pb2.ProvisionNodesRequest(
+        names=args.names,
+        rack=args.rack,
+        image=args.image,
+        image_server=args.image_server,
+        concurrency=args.concurrency,
+    )
+    result = power.BulkResult()
+    with connect(args) as session:
+        # No deadline: booting an image takes minutes; the controller times
+        # out each node's agent itself, Ctrl-C stops following (not the nodes).
+        stream = session.stub.ProvisionNodes(request)
+        progress = power.ProgressLine(sys.stderr, enabled=not session.json)
+        try:
+            for message in stream:
+                result.total = max(result.total, int(message.total))
+                if message.phase == "inspecting":
+                    result.ok.append(message.node)
+                elif message.phase == "failed":
+                    result.failed.append((message.node, message.error or "no reason given"))
+                if session.json:
+                    emit_json_line(message)
+                progress.update(provision_text(message), keep=not message.ok)
+        finally:
+            progress.finish()
+            stream.cancel()
+        if not session.json:
+            emit(provision_summary(args.image, result))
+    return 1 if result.failed else 0
+
+
+def provision_text(message: Any) -> str:
+    """``[1/4] h200-n01 power_cycled (12.3 s)`` or ``[2/4] h200-n02 FAILED: <why>``."""
+    head = f"[{message.done}/{message.total}] {message.node}"
+    if not message.ok:
+        return f"{head} FAILED: {message.error or 'no reason given'}"
+    return f"{head} {message.phase} ({message.elapsed_s:.1f} s)"
+
+
+def provision_summary(image: str, result: power.BulkResult) -> str:
+    done = len(result.ok) + len(result.failed)
+    total = max(result.total, done)
+    line = (
+        f"provision {image}: {total} nodes, {len(result.ok)} booted and inspecting, "
+        f"{len(result.failed)} failed"
+    )
+    if done < total:
+        line += f", {total - done} still provisioning (kiln nodes list --state provisioning)"
+    if not result.failed:
+        return line
+    return line + "\n" + render_table(("node", "error"), sorted(result.failed))

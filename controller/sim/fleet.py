@@ -6,6 +6,9 @@ part. The node "runs" only while its BMC says it is powered on: a watcher
 starts the agent when power comes on (after a simulated reboot of the fake,
 which forgets clocks and MIG settings as a real reboot does) and stops it when
 power goes off, so the controller sees exactly what it would see on metal.
+A reboot that keeps the power on (a power cycle, a restart: the emulator's
+``Oem.KilnSim.BootCount`` grows, ``controller.sim.boot_override``) restarts
+the agent as well, as a node booting a new image would.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class SimNode:
     task: asyncio.Task[None] | None = None
     powered: bool = False
     boots: int = 0
+    bmc_boots: int = 0  # the emulator's BootCount when the agent last started
     history: list[str] = field(default_factory=list)
 
 
@@ -144,6 +148,11 @@ class SimFleet:
 
     def read_power(self) -> dict[str, str]:
         """Each node's PowerState as its (emulated) BMC reports it. Blocking."""
+        return {name: power for name, (power, _) in self.read_systems().items()}
+
+    def read_systems(self) -> dict[str, tuple[str, int]]:
+        """Each node's (PowerState, BootCount) as its emulated BMC reports
+        them. Blocking."""
         token = base64.b64encode(f"{SIM_USERNAME}:{SIM_PASSWORD}".encode()).decode()
         states = {}
         for node in self.nodes.values():
@@ -151,24 +160,33 @@ class SimFleet:
             req = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
             try:
                 with urllib.request.urlopen(req, timeout=5) as resp:  # loopback only
-                    states[node.spec.name] = json.load(resp).get("PowerState", "Unknown")
+                    doc = json.load(resp)
             except OSError:
                 continue
+            boots = (doc.get("Oem") or {}).get("KilnSim", {}).get("BootCount", 0)
+            states[node.spec.name] = (doc.get("PowerState", "Unknown"), int(boots))
         return states
 
     async def _watch(self) -> None:
         while True:
-            states = await asyncio.to_thread(self.read_power)
-            for name, power in states.items():
+            states = await asyncio.to_thread(self.read_systems)
+            for name, (power, boots) in states.items():
                 node = self.nodes[name]
                 if power == "On" and not node.powered:
-                    await self._power_on(node)
+                    await self._power_on(node, boots)
+                elif power == "On" and boots > node.bmc_boots:
+                    # Rebooted without the power staying off long enough to be
+                    # seen (a power cycle): the old agent dies, the new OS's starts.
+                    node.history.append("reboot")
+                    await self._power_off(node)
+                    await self._power_on(node, boots)
                 elif power == "Off" and node.powered:
                     await self._power_off(node)
             await asyncio.sleep(self._watch_interval)
 
-    async def _power_on(self, node: SimNode) -> None:
+    async def _power_on(self, node: SimNode, bmc_boots: int = 0) -> None:
         node.powered = True
+        node.bmc_boots = max(node.bmc_boots, bmc_boots)
         node.boots += 1
         if node.boots > 1:
             await asyncio.to_thread(node.nvml.reboot)

@@ -20,6 +20,11 @@ DMTF leak detectors to sushy-tools' app, two per system on a tray chassis of
 the system's own, which a test or the simulation sets with
 ``set_leak_detector`` (a PATCH only the simulation has); see
 ``controller.sim.leak_detectors``.
+
+One-time boot and boots: the fake driver reads back every boot override as
+``Continuous`` and boots nothing; the launcher adds a ``Once`` override that
+a boot ends, and ``Oem.KilnSim.BootCount`` / ``LastBoot`` on each system
+(``controller.sim.boot_override``), which the simulated fleet follows.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.sim import leak_detectors
+from controller.sim import boot_override, leak_detectors
 from controller.sim.ports import free_port
 from controller.sim.process import ProcessPeer
 
@@ -319,6 +324,17 @@ class RedfishEmulator(ProcessPeer):
         doc = await asyncio.to_thread(self.request, "GET", f"/redfish/v1/Systems/{name}", None)
         return str(doc.get("PowerState"))
 
+    async def system(self, name: str) -> dict[str, Any]:
+        """System ``name``'s document as the emulator serves it (with the
+        simulation's ``Oem.KilnSim`` boots, see ``controller.sim.boot_override``)."""
+        return await asyncio.to_thread(self.request, "GET", f"/redfish/v1/Systems/{name}", None)
+
+    async def virtual_cd(self, name: str) -> dict[str, Any]:
+        """System ``name``'s virtual CD document (``Inserted``, ``Image``)."""
+        doc = await self.system(name)
+        path = f"/redfish/v1/Systems/{doc['Id']}/VirtualMedia/Cd"
+        return await asyncio.to_thread(self.request, "GET", path, None)
+
     def request(self, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:
         """One request to this emulator on loopback (blocking); the answer's JSON.
         Raises RuntimeError naming the status when it is not a success."""
@@ -413,6 +429,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     # Kiln's addition: leak detectors on a tray chassis per system (only when
     # the config names the trays; the rest is sushy-tools' own).
     leak_detectors.install(emulator_main.app)
+    # Kiln's addition: one-time boot overrides and boots (BootCount, LastBoot).
+    boot_override.install(emulator_main.app)
     sys.argv = ["sushy-emulator", *rest]
     try:
         return int(emulator_main.main() or 0)
