@@ -108,10 +108,14 @@ def wait_serving(port: int, proc: subprocess.Popen[str]) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         while True:
             try:
-                health_pb2_grpc.HealthStub(channel).Check(
+                answer = health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(), timeout=2
                 )
-                return
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return  # NOT_SERVING: bound, still starting (the token comes first)
+                assert proc.poll() is None, "the controller exited"
+                assert time.monotonic() < deadline, "the controller never served"
+                time.sleep(0.2)
             except grpc.RpcError:
                 assert proc.poll() is None, "the controller exited"
                 assert time.monotonic() < deadline, "the controller never answered"
