@@ -130,7 +130,12 @@ async def test_catalogue_image_is_provisioned_and_the_node_comes_back_ready(
 
     phases = [line.phase for line in lines]
     assert phases == [
-        "queued", "media_inserted", "boot_set", "power_cycled", "agent_back", "inspecting"
+        "queued",
+        "media_inserted",
+        "boot_set",
+        "power_cycled",
+        "agent_back",
+        "inspecting",
     ], lines
     assert all(line.ok and line.image == "kiln-test" and line.image_url == url for line in lines)
     assert lines[-1].done == lines[-1].total == 1
