@@ -15,7 +15,7 @@ from typing import Any
 from controller.core.kinds import EventKind
 from controller.core.model import EventInfo
 from controller.core.ports import Store, Tx
-from controller.core.records import NewEvent
+from controller.core.records import NewEvent, NodeRecord
 
 
 def record(
@@ -40,6 +40,20 @@ def record(
             data=data,
         )
     )
+
+
+def tell_job(tx: Tx, node: NodeRecord, reason: str, *, rule: str = "", **data: Any) -> None:
+    """An ``allocation.notice`` for the job holding ``node``; nothing when none does."""
+    if node.allocation_id:
+        record(
+            tx,
+            EventKind.ALLOCATION_NOTICE,
+            node=node.name,
+            allocation=node.allocation_id,
+            rule=rule,
+            reason=reason,
+            **data,
+        )
 
 
 class EventLog:

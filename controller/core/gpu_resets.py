@@ -41,9 +41,8 @@ from typing import Any
 
 from controller.core.agents import AgentHub
 from controller.core.errors import KilnError, NotFound
-from controller.core.eventlog import record
+from controller.core.eventlog import tell_job
 from controller.core.health import HealthReport
-from controller.core.kinds import EventKind
 from controller.core.model import AgentCommand
 from controller.core.nodes import Nodes
 from controller.core.ports import Store, Tx
@@ -193,15 +192,13 @@ class GpuResets:
         tx.nodes.save(node)
         move(tx, node, S.DRAINING, why, rule=action.rule)
         if node.allocation_id:
-            record(
+            needs = "needs" if len(action.gpus) == 1 else "need"
+            tell_job(
                 tx,
-                EventKind.ALLOCATION_NOTICE,
-                node=node.name,
-                allocation=node.allocation_id,
+                node,
+                f"{gpus} {needs} a reset ({action.reason}): the node drains and is reset "
+                "once the allocation releases it",
                 rule=action.rule,
-                reason=f"{gpus} {'needs' if len(action.gpus) == 1 else 'need'} a reset "
-                f"({action.reason}): the node drains and is reset once the allocation "
-                "releases it",
                 action=action.kind.value,
                 gpus=list(action.gpus),
             )

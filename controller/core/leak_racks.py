@@ -3,7 +3,7 @@ when two or more trays of one rack have their power blocked."""
 
 from __future__ import annotations
 
-from controller.core.eventlog import record
+from controller.core.eventlog import record, tell_job
 from controller.core.kinds import EventKind
 from controller.core.model import EventInfo
 from controller.core.ports import Tx
@@ -38,15 +38,7 @@ def isolate(tx: Tx, rack: str) -> tuple[list[str], list[str], bool] | None:
         tx.nodes.save(node)
         move(tx, node, NodeState.DRAINING, why)
         drained.append(node.name)
-        if node.allocation_id:
-            record(
-                tx,
-                EventKind.ALLOCATION_NOTICE,
-                node=node.name,
-                allocation=node.allocation_id,
-                reason=f"{node.name}: {why}; drained",
-                action="drain",
-            )
+        tell_job(tx, node, f"{node.name}: {why}; drained", action="drain")
     requested = not isolation_requested(tx, rack)
     if requested:
         record(

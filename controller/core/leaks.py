@@ -60,7 +60,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controller.core.errors import FailedPrecondition, InvalidArgument, KilnError, NotSupported
-from controller.core.eventlog import record
+from controller.core.eventlog import record, tell_job
 from controller.core.kinds import EventKind
 from controller.core.leak_racks import RACK_ISOLATION_TRAYS, isolate
 from controller.core.model import BmcTarget, DetectorHealth, LeakReading, LeakState
@@ -395,15 +395,7 @@ class LeakWatcher:
                 reason=reason,
                 **_fields(r, LeakState.CRITICAL, before, node.rack),
             )
-            if node.allocation_id:
-                record(
-                    tx,
-                    EventKind.ALLOCATION_NOTICE,
-                    node=name,
-                    allocation=node.allocation_id,
-                    reason=f"{name}: {reason}",
-                    action="power_off",
-                )
+            tell_job(tx, node, f"{name}: {reason}", action="power_off")
         if node.state not in OUT_OF_SERVICE and node.state != NodeState.DRAINING:
             move(tx, node, NodeState.DRAINING, reason)
 

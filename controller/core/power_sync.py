@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from controller.core.eventlog import record
+from controller.core.eventlog import record, tell_job
 from controller.core.kinds import EventKind
 from controller.core.meter import Meter, NullMeter
 from controller.core.nodes import Nodes
@@ -55,14 +55,7 @@ def note_power(tx: Tx, node: NodeRecord, power: PowerState, health: str) -> bool
             expected=want.value if want else None,
             actual=power.value,
         )
-        if node.allocation_id:
-            record(
-                tx,
-                EventKind.ALLOCATION_NOTICE,
-                node=node.name,
-                allocation=node.allocation_id,
-                reason=f"{node.name}: {reason}",
-            )
+        tell_job(tx, node, f"{node.name}: {reason}")
     node.power = power
     tx.nodes.save(node)
     return drifted
