@@ -27,7 +27,7 @@ def tool(name: str) -> str:
     beside = Path(sys.executable).with_name(name)
     found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} is not installed (pip install ansible-core)")
+        pytest.skip(f"{name} is not installed (pip install ansible ansible-lint)")
     return found
 
 
@@ -95,3 +95,26 @@ def test_ansible_reads_the_fleet_through_the_script(controller_addr: str, tmp_pa
     assert inventory["kiln_controllers"]["hosts"] == ["kiln-ctl-01"]
     assert inventory["_meta"]["hostvars"]["h200-r07-n01"]["rack"] == "r07"
     assert "tooling-test-secret" not in done.stdout
+
+
+@pytest.mark.timeout(600)
+def test_ansible_lint_is_clean(tmp_path: Path) -> None:
+    """``ansible-lint`` over ansible/ (the production profile): no failure, no warning."""
+    lint = tool("ansible-lint")
+    done = subprocess.run(
+        [lint, "--offline", "--nocolor", "--profile", "production"],
+        cwd=ANSIBLE,
+        env={
+            "PATH": env(tmp_path)["PATH"],
+            "HOME": str(tmp_path),
+            "NO_COLOR": "1",
+            "ANSIBLE_LINT_SKIP_VERSION_CHECK": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=500,
+        check=False,
+    )
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report
+    assert "Passed: 0 failure(s), 0 warning(s)" in report, report
