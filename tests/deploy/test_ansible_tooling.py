@@ -47,6 +47,7 @@ def env(tmp_path: Path, controller: str = "") -> dict[str, str]:
     return out
 
 
+@pytest.mark.timeout(300)
 def test_site_playbook_passes_syntax_check(tmp_path: Path) -> None:
     done = subprocess.run(
         [tool("ansible-playbook"), "--syntax-check", "-i", "examples/hosts.yml", "site.yml"],
@@ -60,6 +61,7 @@ def test_site_playbook_passes_syntax_check(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.timeout(300)
 def test_ansible_reads_the_fleet_through_the_script(controller_addr: str, tmp_path: Path) -> None:
     with grpc.insecure_channel(controller_addr) as channel:
         fleet_pb2_grpc.FleetServiceStub(channel).EnrollNode(
