@@ -298,3 +298,27 @@ def test_mosquitto_config_runs_and_governs_anonymous_access(
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_agent_unit_with_tls_and_a_token_file() -> None:
+    variables = role_vars(
+        "kiln_agent",
+        "gb200-r01-t01",
+        GROUPS,
+        kiln_agent_tls_ca_src="/src/ca.pem",
+        kiln_agent_tls_cert_src="/src/node.pem",
+        kiln_agent_tls_key_src="/src/node-key.pem",
+        kiln_agent_token_src="/src/node.token",
+    )
+    unit = render("kiln_agent", "kiln-agent.service.j2", variables)
+    args = agent_parser().parse_args(shlex.split(exec_start(unit))[1:])
+    assert args.tls_ca == Path("/etc/kiln/agent/ca.pem")
+    assert args.tls_cert == Path("/etc/kiln/agent/agent.pem")
+    assert args.tls_key == Path("/etc/kiln/agent/agent.key")
+    assert args.token_file == Path("/etc/kiln/agent/agent.token")
+    assert "/src/" not in unit  # the host's paths, never the control machine's
+    plain = render(
+        "kiln_agent", "kiln-agent.service.j2", role_vars("kiln_agent", "gb200-r01-t01", GROUPS)
+    )
+    assert "--tls-" not in plain and "--token-file" not in plain
