@@ -14,6 +14,7 @@ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 command -v gcc >/dev/null || need_apt+=(gcc python3-dev)  # libvirt-python builds from source
 command -v promtool >/dev/null || need_apt+=(prometheus)  # promtool checks the alert rules
 command -v chromium >/dev/null || need_apt+=(chromium)  # the dashboard's browser test
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)  # the playbook's Debian root
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -q

@@ -30,7 +30,7 @@ from controller.sim.redfish_emulator import RedfishEmulator, make_systems
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 TEST_IMAGE = IMAGES / "testdata" / "kiln-test.iso"
 NVIDIA_EXTENSIONS = {
-    "siderolabs/nvidia-open-gpu-kernel-modules-production",
+    "siderolabs/nonfree-kmod-nvidia-production",
     "siderolabs/nvidia-container-toolkit-production",
 }
 USER, PASSWORD = "kiln-admin", "catalog-test-Pw-9!"

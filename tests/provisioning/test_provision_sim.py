@@ -30,6 +30,9 @@ pytestmark = pytest.mark.timeout(180)
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 NODE = "h200-n01"
+# A stream's deadline: a stuck provisioning fails its test instead of
+# outliving the test's timeout (which would end the whole run).
+STREAM_S = 90.0
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -122,7 +125,9 @@ async def test_catalogue_image_is_provisioned_and_the_node_comes_back_ready(
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch_bmc(fleet, seen, stop))
     started = time.monotonic()
-    stream = stub.ProvisionNodes(fleet_pb2.ProvisionNodesRequest(names=[NODE], image="kiln-test"))
+    stream = stub.ProvisionNodes(
+        fleet_pb2.ProvisionNodesRequest(names=[NODE], image="kiln-test"), timeout=STREAM_S
+    )
     lines = [line async for line in stream]
     took = time.monotonic() - started
     stop.set()
@@ -187,7 +192,7 @@ async def test_bad_images_are_refused_before_anything_happens(
     await wait_all_ready(stub)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in stub.ProvisionNodes(
-            fleet_pb2.ProvisionNodesRequest(names=[NODE], image=image)
+            fleet_pb2.ProvisionNodesRequest(names=[NODE], image=image), timeout=STREAM_S
         ):
             pass
     assert err.value.code() == code and words in (err.value.details() or "")
@@ -215,7 +220,8 @@ async def test_a_bad_checksum_is_refused_before_anything_happens(
             await wait_all_ready(stub)
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 async for _ in stub.ProvisionNodes(
-                    fleet_pb2.ProvisionNodesRequest(names=[NODE], image="kiln-test")
+                    fleet_pb2.ProvisionNodesRequest(names=[NODE], image="kiln-test"),
+                    timeout=STREAM_S,
                 ):
                     pass
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -243,7 +249,8 @@ async def test_an_agent_that_never_comes_back_is_named_and_quarantined(
             lines = [
                 line
                 async for line in stub.ProvisionNodes(
-                    fleet_pb2.ProvisionNodesRequest(names=[NODE], image="kiln-test")
+                    fleet_pb2.ProvisionNodesRequest(names=[NODE], image="kiln-test"),
+                    timeout=STREAM_S,
                 )
             ]
             assert lines[-1].phase == "failed" and not lines[-1].ok
