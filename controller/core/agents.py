@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 from controller.core.errors import Unavailable
@@ -26,6 +27,7 @@ class AgentSession:
     queue: asyncio.Queue[tuple[str, AgentCommand]] = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future[CommandOutcome]] = field(default_factory=dict)
     closed: bool = False
+    attached_at: float = field(default_factory=time.time)  # when it registered (Unix s)
 
     def fail_pending(self, reason: str) -> None:
         for future in self.pending.values():
@@ -47,6 +49,11 @@ class AgentHub:
         session = AgentSession(node, cert_expires_at=cert_expires_at)
         self._sessions[node] = session
         return session
+
+    def attached_at(self, node: str) -> float | None:
+        """When the node's current agent registered (Unix s); None when none is."""
+        session = self._sessions.get(node)
+        return session.attached_at if session is not None else None
 
     def detach(self, session: AgentSession) -> bool:
         """Forget ``session``; True when it was the node's current one."""

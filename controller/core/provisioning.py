@@ -350,8 +350,14 @@ class Provisioner:
         await self._bmc.boot_once(target, "cd")
         self._emit(row.name, "boot_set", image=op.image, url=op.url)
         power = await self._bmc.power_state(target)
+        requested = self.clock()
         await self._nodes.power(row.name, "cycle" if power == "on" else "on")
         booting = replace(op, phase=P.BOOTING, cycled_at=self.clock(), agent_back_at=0.0)
+        # A node that boots fast registers its agent before this phase is
+        # saved, when the registration cannot yet mark it: count that one.
+        attached = self._agents.attached_at(row.name)
+        if attached is not None and attached >= requested:
+            booting = replace(booting, agent_back_at=attached)
         await self._save_op(
             row.name,
             booting,
@@ -370,7 +376,7 @@ class Provisioner:
                 await self._bmc.eject_media(await self._nodes.target(row))
             except KilnError as e:  # the boot was one-time: a CD left inside does no harm
                 log.warning("node %s: could not eject the provisioned image: %s", name, e)
-            took = current.agent_back_at - current.cycled_at
+            took = max(0.0, current.agent_back_at - current.cycled_at)
             reason = f"provisioned {op.image}: agent back after {took:.0f} s; inspecting"
             if not await self._finish(name, op, S.INSPECTING, reason, agent_back_s=round(took, 3)):
                 return False

@@ -261,3 +261,62 @@ async def test_an_agent_that_never_comes_back_is_named_and_quarantined(
     finally:
         await fleet.stop()
         await server.stop()
+
+
+async def test_a_controller_restarted_mid_provisioning_resumes_it(
+    tmp_path: Path, image_server: str
+) -> None:
+    """Stopped once the node was power-cycled, a new controller on the same
+    database and address finds the node provisioning and finishes it: the
+    agent of the booted node registers with it, and the node is inspected
+    and ready."""
+    from controller.sim.ports import free_port
+
+    listen = f"127.0.0.1:{free_port()}"
+    config = ControllerConfig(
+        listen=listen,
+        state_dir=tmp_path,
+        reconcile_interval=0.2,
+        sample_interval=0.5,
+        image_server=image_server,
+    )
+    first = ControllerServer(config)
+    address = await first.start()
+    fleet = SimFleet(default_fleet(nvl72_racks=0, hgx_nodes=1), watch_interval=0.2)
+    await fleet.start(address)
+    second: ControllerServer | None = None
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            await _enroll(stub, fleet)
+            await wait_all_ready(stub)
+            stream = stub.ProvisionNodes(
+                fleet_pb2.ProvisionNodesRequest(names=[NODE], image="kiln-test"),
+                timeout=STREAM_S,
+            )
+            async for line in stream:
+                if line.phase == "power_cycled":
+                    break
+            stream.cancel()
+        await first.stop()  # the node is booting; nobody is there when its agent dials
+
+        second = ControllerServer(config)
+        assert await second.start() == address
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = fleet_pb2_grpc.FleetServiceStub(channel)
+            got = await stub.GetNode(fleet_pb2.GetNodeRequest(name=NODE))
+            assert got.state == types_pb2.NODE_STATE_PROVISIONING, got.state_reason
+            await wait_all_ready(stub)
+            events = [e async for e in stub.WatchEvents(fleet_pb2.WatchEventsRequest(node=NODE))]
+            moves = [
+                (e.data.get("from_state"), e.data.get("to_state")) for e in _transitions(events)
+            ]
+            assert moves.count(("ready", "provisioning")) == 1
+            assert ("provisioning", "inspecting") in moves
+            assert not (await fleet.emulator.virtual_cd(NODE))["Inserted"]
+            last = (await fleet.emulator.system(NODE))["Oem"]["KilnSim"]["LastBoot"]
+            assert last["Device"] == "Cd" and last["Override"] == "Once"
+    finally:
+        await fleet.stop()
+        if second is not None:
+            await second.stop()
