@@ -48,7 +48,11 @@ def test_controller_process_serves_then_stops_cleanly_on_sigterm(tmp_path: Path)
             while True:
                 try:
                     reply = health.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                    break
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                    # NOT_SERVING: the port is bound, the controller still starting
+                    assert time.monotonic() < deadline, "controller never served"
+                    time.sleep(0.2)
                 except grpc.RpcError:
                     assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
                     assert time.monotonic() < deadline, "controller never answered"
