@@ -34,6 +34,7 @@ SYSTEM_RULE = "/redfish/v1/Systems/<identity>"
 RESET_RULE = "/redfish/v1/Systems/<identity>/Actions/ComputerSystem.Reset"
 STARTS = frozenset({"On", "ForceOn", "PushPowerButton"})
 RESTARTS = frozenset({"ForceRestart", "GracefulRestart", "PowerCycle"})
+STOPS = frozenset({"ForceOff", "GracefulShutdown"})
 
 
 class BootBoard:
@@ -44,6 +45,7 @@ class BootBoard:
         self._enabled: dict[str, str] = {}
         self._boots: dict[str, int] = {}
         self._last: dict[str, dict[str, str]] = {}
+        self._starting: set[str] = set()  # a boot counted, its power not yet seen On
 
     def set_enabled(self, system: str, enabled: str) -> None:
         with self._lock:
@@ -62,6 +64,18 @@ class BootBoard:
             }
             if enabled == "Once":
                 self._enabled[system] = "Disabled"
+            self._starting.add(system)
+
+    def starting(self, system: str) -> bool:
+        """Whether a boot of ``system`` was counted and its power is not On yet
+        (with power delays a second "On" meanwhile is the same boot)."""
+        with self._lock:
+            return system in self._starting
+
+    def settled(self, system: str) -> None:
+        """``system``'s power was seen On, or was asked off: no boot is pending."""
+        with self._lock:
+            self._starting.discard(system)
 
     def shown(self, system: str) -> tuple[str | None, dict[str, Any]]:
         """(override lifetime or None when never set, the Oem.KilnSim document)."""
@@ -101,7 +115,11 @@ def install(app: Any) -> BootBoard:
                 power = app.systems.get_power_state(identity)
             except Exception:
                 return
-            if not (reset in RESTARTS or (reset in STARTS and power != "On")):
+            system = system_of(identity)
+            if power == "On" or reset in STOPS:
+                board.settled(system)
+            starts = reset in STARTS and power != "On" and not board.starting(system)
+            if not (reset in RESTARTS or starts):
                 return
             try:
                 target = app.systems.get_boot_device(identity)
@@ -109,7 +127,7 @@ def install(app: Any) -> BootBoard:
                 url = image.image_url if image.inserted else ""
             except Exception:
                 target, url = "Hdd", ""
-            board.boot(system_of(identity), str(target), str(url or ""))
+            board.boot(system, str(target), str(url or ""))
             app.logger.info("system %s boots from %s (simulation)", identity, target)
 
     @app.after_request
@@ -122,7 +140,10 @@ def install(app: Any) -> BootBoard:
             doc = json.loads(response.get_data())
         except ValueError:
             return response
-        enabled, oem = board.shown(system_of(identity))
+        system = system_of(identity)
+        if doc.get("PowerState") == "On":
+            board.settled(system)
+        enabled, oem = board.shown(system)
         if enabled is not None and isinstance(doc.get("Boot"), dict):
             doc["Boot"]["BootSourceOverrideEnabled"] = enabled
         doc.setdefault("Oem", {})["KilnSim"] = oem

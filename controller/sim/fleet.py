@@ -134,6 +134,19 @@ class SimFleet:
         await self.emulator.start()
         self._watcher = asyncio.create_task(self._watch(), name="sim-power-watch")
 
+    async def pause_power_following(self) -> None:
+        """Stop following the emulator's power: a power change made now reaches
+        no simulated OS until :meth:`resume_power_following` (a boot that hangs)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
+
+    def resume_power_following(self) -> None:
+        """Follow the emulator's power again; changes made meanwhile land now."""
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch(), name="sim-power-watch")
+
     def bmc_url(self, name: str) -> str:
         return self.emulator.system_url(name)
 
