@@ -15,6 +15,7 @@ from controller.core.job_health import AllocationReport
 from controller.core.model import (
     AllocationInfo,
     AllocationSpec,
+    EnrollSpec,
     EventInfo,
     GpuInfo,
     NodeInfo,
@@ -23,6 +24,8 @@ from controller.core.model import (
     RackInfo,
 )
 from controller.core.paging import AllocationFilter, NodeFilter
+from controller.core.rack_bringup import BringUpLine, BringUpReport, BringUpRequest
+from controller.core.states import NodeKind
 from kiln.v1 import fleet_pb2, types_pb2
 
 NODE_STATE = {
@@ -31,6 +34,14 @@ NODE_STATE = {
     if v != types_pb2.NODE_STATE_UNSPECIFIED
 }
 POWER_STATE = {"on": types_pb2.POWER_STATE_ON, "off": types_pb2.POWER_STATE_OFF}
+NODE_KIND = {
+    NodeKind.COMPUTE: types_pb2.NODE_KIND_COMPUTE,
+    NodeKind.SWITCH_TRAY: types_pb2.NODE_KIND_SWITCH_TRAY,
+    NodeKind.POWER_SHELF: types_pb2.NODE_KIND_POWER_SHELF,
+}
+NODE_KIND_OF = {v: k for k, v in NODE_KIND.items()} | {
+    types_pb2.NODE_KIND_UNSPECIFIED: NodeKind.COMPUTE
+}
 POWER_ACTION = {
     v: s.removeprefix("POWER_ACTION_").lower()
     for s, v in types_pb2.PowerAction.items()
@@ -54,6 +65,30 @@ TOPOLOGY_PB = {v: k for k, v in TOPOLOGY.items() if k != fleet_pb2.TOPOLOGY_LEVE
 NODE_STATE_NAME = {v: k for k, v in NODE_STATE.items()}
 ALLOCATION_STATE_NAME = {v: k for k, v in ALLOCATION_STATE.items()}
 MAX_SEQ = 2**63 - 1  # events are numbered in a signed 64-bit column
+
+
+def node_kind(value: int) -> NodeKind:
+    """A NodeKind off the wire. Raises InvalidArgument for a value not in the enum."""
+    kind = NODE_KIND_OF.get(value)
+    if kind is None:
+        raise InvalidArgument(f"unknown node kind {value}")
+    return kind
+
+
+def enroll_spec(request: fleet_pb2.EnrollNodeRequest) -> EnrollSpec:
+    return EnrollSpec(
+        name=request.name,
+        bmc_url=request.bmc_url,
+        username=request.username,
+        password=request.password,
+        rack=request.rack,
+        leaf=request.leaf,
+        spine=request.spine,
+        insecure=request.insecure,
+        ca_bundle=request.ca_bundle,
+        profile=request.profile,
+        kind=node_kind(request.kind),
+    )
 
 
 def node_state_filter(value: int) -> str:
@@ -173,7 +208,7 @@ def health_pb(health: HealthReport | None) -> types_pb2.NodeHealth | None:
     return msg
 
 
-NODE_SPECIAL = frozenset({"state", "power", "gpus", "health"})
+NODE_SPECIAL = frozenset({"state", "power", "gpus", "health", "kind"})
 NODE_PLAIN = tuple(
     f.name
     for f in dataclasses.fields(NodeInfo)
@@ -210,6 +245,7 @@ def node_pb(n: NodeInfo, wire: HealthWire | None = None) -> fleet_pb2.Node:
     msg = fleet_pb2.Node(
         state=NODE_STATE.get(n.state, 0),
         power=power_pb(n.power),
+        kind=NODE_KIND[n.kind],
         gpus=[gpu_pb(g) for g in n.gpus],
         **{name: getattr(n, name) for name in NODE_PLAIN},
     )
@@ -234,6 +270,8 @@ def rack_pb(r: RackInfo) -> fleet_pb2.Rack:
         allocated=r.allocated,
         leaf=r.leaf,
         spine=r.spine,
+        members=r.members,
+        hold=r.hold,
     )
 
 
@@ -354,3 +392,57 @@ def provision_progress_pb(p: ProvisionProgress) -> fleet_pb2.ProvisionProgress:
         total=p.total,
         elapsed_s=p.elapsed_s,
     )
+
+
+def bring_up_request(request: fleet_pb2.BringUpRackRequest) -> BringUpRequest:
+    if not math.isfinite(request.timeout_s):
+        raise InvalidArgument("timeout_s must be a finite number of seconds")
+    return BringUpRequest(
+        rack=request.rack,
+        members=tuple(enroll_spec(m) for m in request.members),
+        image=request.image,
+        profile=request.profile,
+        timeout_s=request.timeout_s,
+        concurrency=request.concurrency,
+    )
+
+
+def bring_up_report_pb(r: BringUpReport) -> fleet_pb2.BringUpReport:
+    return fleet_pb2.BringUpReport(
+        rack=r.rack,
+        rack_ready=r.rack_ready,
+        elapsed_s=r.elapsed_s,
+        slowest_tray_s=r.slowest_tray_s,
+        fabric_clique=r.fabric_clique,
+        reason=r.reason,
+        trays=[
+            fleet_pb2.TrayReport(
+                node=t.node,
+                kind=NODE_KIND[t.kind],
+                state=NODE_STATE.get(t.state, 0),
+                ok=t.ok,
+                reason=t.reason,
+                firmware=t.firmware,
+                clique=t.clique,
+                ready_s=t.ready_s,
+                power=power_pb(t.power),
+            )
+            for t in r.trays
+        ],
+    )
+
+
+def bring_up_line_pb(line: BringUpLine) -> fleet_pb2.BringUpProgress:
+    msg = fleet_pb2.BringUpProgress(
+        rack=line.rack,
+        node=line.node,
+        phase=line.phase,
+        ok=line.ok,
+        message=line.message,
+        ready=line.ready,
+        total=line.total,
+        elapsed_s=line.elapsed_s,
+    )
+    if line.report is not None:
+        msg.report.CopyFrom(bring_up_report_pb(line.report))
+    return msg

@@ -12,7 +12,7 @@ from controller.api.auth.identity import current_caller
 from controller.api.errors import streaming, unary
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet, TopologyFormat
-from controller.core.model import EnrollSpec, PowerScope, ProvisionScope
+from controller.core.model import PowerScope, ProvisionScope
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
@@ -36,20 +36,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def EnrollNode(
         self, request: fleet_pb2.EnrollNodeRequest, context: Ctx
     ) -> fleet_pb2.Node:
-        node = await self._fleet.enroll(
-            EnrollSpec(
-                name=request.name,
-                bmc_url=request.bmc_url,
-                username=request.username,
-                password=request.password,
-                rack=request.rack,
-                leaf=request.leaf,
-                spine=request.spine,
-                insecure=request.insecure,
-                ca_bundle=request.ca_bundle,
-                profile=request.profile,
-            )
-        )
+        node = await self._fleet.enroll(convert.enroll_spec(request))
         return convert.node_pb(node)
 
     @unary
@@ -103,6 +90,14 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         )
         async for line in progress:
             yield convert.provision_progress_pb(line)
+
+    @streaming
+    async def BringUpRack(
+        self, request: fleet_pb2.BringUpRackRequest, context: Ctx
+    ) -> AsyncIterator[fleet_pb2.BringUpProgress]:
+        progress = self._fleet.bring_up_rack(convert.bring_up_request(request), current_caller())
+        async for line in progress:
+            yield convert.bring_up_line_pb(line)
 
     @unary
     async def DrainNode(self, request: fleet_pb2.DrainNodeRequest, context: Ctx) -> fleet_pb2.Node:

@@ -88,6 +88,8 @@ OVERRIDES: Mapping[str, int] = {
     "kiln.v1.ProvisionNodesRequest.names[]": NAME,
     "kiln.v1.ProvisionNodesRequest.image": 63,  # a catalogue name (images/catalog.py)
     "kiln.v1.ProvisionNodesRequest.image_server": URL,
+    "kiln.v1.BringUpRackRequest.members": 128,  # an NVL72 rack has 18 + 9 + 8
+    "kiln.v1.BringUpRackRequest.image": 63,
     "kiln.v1.Register.hostname": 253,  # a DNS name
     "kiln.v1.Register.driver_version": 80,  # NVML's version buffer
     "kiln.v1.Register.gpus": MAX_GPUS_PER_NODE,

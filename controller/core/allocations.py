@@ -46,7 +46,7 @@ from controller.core.model import AllocationInfo, AllocationSpec
 from controller.core.nodes import Nodes, held_back, validate_name
 from controller.core.ports import Store, Tx
 from controller.core.records import AllocationRecord, NodeRecord
-from controller.core.states import HOLDING, OPEN, AllocationState, NodeState
+from controller.core.states import HOLDING, OPEN, AllocationState, NodeKind, NodeState
 from controller.core.transitions import move
 from controller.placement import (
     Booking,
@@ -84,6 +84,12 @@ def validate_spec(spec: AllocationSpec) -> None:
         validate_name("queue", spec.queue)
     if spec.gpu_model:
         validate_name("GPU model", spec.gpu_model)
+
+
+def computes(nodes: Iterable[NodeRecord]) -> list[NodeRecord]:
+    """The compute nodes: the only ones placement ever sees (a rack's switch
+    trays and power shelves are never allocated)."""
+    return [n for n in nodes if n.kind == NodeKind.COMPUTE]
 
 
 def node_spec(node: NodeRecord, schedulable: bool) -> NodeSpec:
@@ -243,7 +249,7 @@ class Allocations:
     async def topology(self) -> Topology:
         """The current snapshot of the fleet's topology (for exports)."""
         nodes = await self._nodes.records()
-        return self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in nodes)
+        return self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in computes(nodes))
 
     async def create(
         self, key: str, spec: AllocationSpec, *, created_by: str = ""
@@ -345,6 +351,7 @@ class Allocations:
             raise refusal
 
     def _never_fits(self, spec: AllocationSpec, nodes: Sequence[NodeRecord]) -> KilnError | None:
+        nodes = computes(nodes)
         refusal = never_admitted(spec, nodes, self._queues)
         if refusal is not None:
             return refusal
@@ -439,7 +446,7 @@ class Allocations:
         if not pending:
             return
         nodes = await self._nodes.records()
-        topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in nodes)
+        topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in computes(nodes))
         gpus = {n.name: n.gpu_count for n in nodes}
         usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
         result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
@@ -577,7 +584,7 @@ class Allocations:
             if holder is None:
                 return
             topology = Topology.build(
-                node_spec(n, self._nodes.placeable(n) and n.name != node) for n in nodes
+                node_spec(n, self._nodes.placeable(n) and n.name != node) for n in computes(nodes)
             )
             gpus = {n.name: n.gpu_count for n in nodes}
             bookings = [to_booking(a, gpus) for a in active]

@@ -67,6 +67,7 @@ from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import HealthGate, ProfileCatalog
 from controller.core.provisioning import FINAL, Provisioner, ProvisionLimits, progress_lines
+from controller.core.rack_bringup import BringUpLine, BringUpRequest, RackBringUp
 from controller.core.states import NodeState
 from controller.core.tasks import BackgroundTasks
 from controller.core.tokens import Tokens
@@ -198,6 +199,20 @@ class Fleet:
             store, self.nodes, bmc, self.allocations.node_failed, interval=leak_interval
         )
         self.tokens = Tokens(store)
+        self.racks = RackBringUp(
+            store,
+            self.nodes,
+            bmc,
+            self.profiles,
+            enroll=self.enroll,
+            undrain=self.undrain,
+            provision=lambda scope, image, concurrency, by: self.provision_many(
+                scope, image, concurrency=concurrency, by=by
+            ),
+            poke=self.lifecycle.poke,
+            on_capacity=self.allocations.schedule_pass,
+            check_image=lambda image: self.provisioner.resolve(image, ""),
+        )
         self.audit = AuditLog(store)
         self.sample_interval = sample_interval
         self.max_reports_per_second = max_reports_per_second
@@ -402,6 +417,12 @@ class Fleet:
         self.policies.forget(node)
         self.lifecycle.poke(node)
         return info
+
+    def bring_up_rack(
+        self, request: BringUpRequest, by: Caller | None = None
+    ) -> AsyncIterator[BringUpLine]:
+        """See ``core.rack_bringup`` (docs/bring-up.md)."""
+        return self.racks.run(request, by)
 
     async def remove_node(self, name: str, *, force: bool = False, reason: str = "") -> str:
         """Retire a node; returns the allocation it was taken out of ("" if none).

@@ -62,7 +62,7 @@ from controller.core.preparation import PreparationFailed, Preparer, gate_proble
 from controller.core.profiles import HealthGate, ProfileCatalog
 from controller.core.provisioning import Provisioner
 from controller.core.records import NodeRecord
-from controller.core.states import NodeState, PowerState
+from controller.core.states import MEMBERS, NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
 
@@ -298,6 +298,8 @@ class Lifecycle:
     async def _step(self, row: NodeRecord) -> bool:
         """Take one step; True when the node just became ready."""
         state = row.state
+        if row.kind in MEMBERS and state in (S.ENROLLED, S.INSPECTING):
+            return await self._member(row)
         if state == S.ENROLLED:
             await self._move(row.name, S.INSPECTING, "inspection started")
             return await self._step(await self._row(row.name))
@@ -341,6 +343,26 @@ class Lifecycle:
             return False
         if moved:
             return await self._step(await self._row(row.name))
+        return False
+
+    async def _member(self, row: NodeRecord) -> bool:
+        """A switch tray or power shelf: no agent, no GPUs. Powered on (unless
+        Kiln last powered it off), then ready: never schedulable, since only
+        compute nodes are ever placed (docs/bring-up.md)."""
+        target = await self._nodes.target(row)
+        power = PowerState(await self._bmc.power_state(target))
+        if power == PowerState.OFF and row.expected_power != PowerState.OFF:
+            power = (await self._nodes.power(row.name, "on")).power
+        elif power != row.power:
+            await self._nodes.power(row.name, "status")
+        if power != PowerState.ON:
+            await self._note(row.name, f"rack member: waiting for power on (BMC says {power})")
+            self._back_off(row, idle=True)
+            return False
+        what = row.kind.value.replace("_", " ")
+        if row.state == S.INSPECTING:  # undrained: nothing to inspect
+            await self._move(row.name, S.ENROLLED, f"a {what} has nothing to inspect")
+        await self._move(row.name, S.READY, f"rack member ({what}): powered on, never allocated")
         return False
 
     async def _inspect(self, row: NodeRecord) -> bool:

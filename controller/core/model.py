@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.core.health import HealthReport
-from controller.core.states import AllocationState, NodeState, PowerState
+from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class EnrollSpec:
     insecure: bool = False
     ca_bundle: str = ""
     profile: str = ""
+    kind: NodeKind = NodeKind.COMPUTE
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class NodeInfo:
     drained: bool
     agent_cert_expires_at: float = 0.0  # the connected agent's certificate (0: none)
     power_block: str = ""  # why it may not be powered on (a coolant leak); "": nothing
+    kind: NodeKind = NodeKind.COMPUTE
+    rack_hold: str = ""  # why its rack's bring-up holds it from new work; "": nothing
 
 
 class DetectorHealth(enum.StrEnum):
@@ -130,6 +133,8 @@ class RackInfo:
     allocated: int
     leaf: str
     spine: str
+    members: int = 0  # switch trays and power shelves (not in ``nodes``)
+    hold: str = ""  # why its bring-up holds the rack from new work ("": none)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.preparation import gate_problems
 from controller.core.profiles import HealthGate
 from controller.core.records import NodeRecord
-from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
+from controller.core.states import MEMBERS, OUT_OF_SERVICE, NodeKind, NodeState, PowerState
 from controller.core.transitions import load_node, move
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,8 @@ def held_back(node: NodeRecord) -> str:
     if it overheated), or the BMC says it is off (an agent that has not yet
     noticed would otherwise keep it looking ready).
     """
+    if node.rack_hold:
+        return node.rack_hold
     if node.bmc_health == BMC_UNREACHABLE:
         return "its BMC is unreachable"
     if node.power == PowerState.OFF:
@@ -211,6 +213,7 @@ class Nodes:
         """Healthy and in service: may hold a job (bookings aside)."""
         return (
             node.state in (NodeState.READY, NodeState.ALLOCATED)
+            and node.kind == NodeKind.COMPUTE
             and not node.drained
             and self._agents.is_connected(node.name)
         )
@@ -281,6 +284,8 @@ class Nodes:
             drained=node.drained,
             agent_cert_expires_at=self._agents.cert_expires_at(node.name) or 0.0,
             power_block=node.power_block,
+            kind=node.kind,
+            rack_hold=node.rack_hold,
         )
 
     async def get(self, name: str) -> NodeInfo:
@@ -356,7 +361,11 @@ class Nodes:
         for n in nodes:
             by_rack[n.rack or n.name].append(n)
         racks = []
-        for name, members in sorted(by_rack.items()):
+        for name, everyone in sorted(by_rack.items()):
+            members = [n for n in everyone if n.kind == NodeKind.COMPUTE]
+            holds = sorted({n.rack_hold for n in members if n.rack_hold})
+            if not members:  # only switch trays or power shelves so far
+                members = everyone
             domains = {n.nvlink_domain for n in members if n.nvlink_domain}
             models = {n.gpu_model for n in members if n.gpu_model}
             racks.append(
@@ -364,7 +373,7 @@ class Nodes:
                     name=name,
                     nvlink_domain=",".join(sorted(domains)),
                     gpu_model=",".join(sorted(models)),
-                    nodes=len(members),
+                    nodes=sum(1 for n in members if n.kind == NodeKind.COMPUTE),
                     gpus=sum(n.gpu_count for n in members),
                     # Ready: free for a new allocation now, as ``schedulable``
                     # says of each node (a ready node whose BMC is unreachable
@@ -373,6 +382,8 @@ class Nodes:
                     allocated=sum(1 for n in members if n.allocation),
                     leaf=members[0].leaf,
                     spine=members[0].spine,
+                    members=sum(1 for n in everyone if n.kind in MEMBERS),
+                    hold=holds[0] if holds else "",
                 )
             )
         return racks
@@ -391,6 +402,15 @@ class Nodes:
                 validate_name(kind, label)
         if not spec.username:
             raise InvalidArgument("a BMC username is required")
+        if spec.kind in MEMBERS and spec.profile:
+            raise InvalidArgument(
+                f"node {spec.name!r} is a {spec.kind.value.replace('_', ' ')}: "
+                "it has no GPUs to prepare, so it takes no profile"
+            )
+        if spec.kind in MEMBERS and not spec.rack:
+            raise InvalidArgument(
+                f"node {spec.name!r} is a {spec.kind.value.replace('_', ' ')}: name its rack"
+            )
         return self._bmc.validate_target(spec.bmc_url, spec.username, spec.password)
 
     async def enroll(self, spec: EnrollSpec) -> NodeInfo:
@@ -406,7 +426,11 @@ class Nodes:
         def write(tx: Tx) -> None:
             existing = tx.nodes.get(spec.name)
             if existing is not None:
-                if existing.bmc_url != url or existing.rack != spec.rack:
+                if (
+                    existing.bmc_url != url
+                    or existing.rack != spec.rack
+                    or existing.kind != spec.kind
+                ):
                     raise AlreadyExists(kind="node", name=spec.name)
                 if existing.profile != spec.profile:  # a new baseline profile
                     existing.profile = spec.profile
@@ -437,11 +461,19 @@ class Nodes:
                 bmc_insecure=spec.insecure,
                 bmc_ca_bundle=spec.ca_bundle,
                 profile=spec.profile,
+                kind=spec.kind,
                 created_at=now,
                 updated_at=now,
             )
             tx.nodes.add(node, spec.password)
-            record(tx, EventKind.NODE_ENROLLED, node=spec.name, reason="enrolled", bmc_url=url)
+            record(
+                tx,
+                EventKind.NODE_ENROLLED,
+                node=spec.name,
+                reason="enrolled",
+                bmc_url=url,
+                node_kind=spec.kind.value,
+            )
 
         await self._store.tx(write)
         log.info("node %s: enrolled with BMC %s", spec.name, url)

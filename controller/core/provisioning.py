@@ -49,7 +49,7 @@ from controller.core.model import ProvisionOp, ProvisionPhase, ProvisionProgress
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, ImageVerifier, Store, Tx
 from controller.core.records import NodeRecord
-from controller.core.states import PROVISIONABLE, NodeState
+from controller.core.states import MEMBERS, PROVISIONABLE, NodeState
 from controller.core.transitions import load_node, move
 from images.catalog import Catalog, CatalogError, Image
 
@@ -208,6 +208,9 @@ class Provisioner:
             return (
                 f"node {node.name!r} is held by allocation {node.allocation_id}; release it first"
             )
+        if node.kind in MEMBERS:
+            what = node.kind.value.replace("_", " ")
+            return f"node {node.name!r} is a {what}: it runs no OS image"
         if node.state == S.PROVISIONING:
             image = node.provision.image if node.provision else "an image"
             return f"node {node.name!r} is already provisioning {image}; wait for it, or drain it"

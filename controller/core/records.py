@@ -14,7 +14,7 @@ from typing import Any
 from controller.core.health import HealthReport
 from controller.core.kinds import EventKind
 from controller.core.model import AllocationSpec, ProvisionOp
-from controller.core.states import AllocationState, NodeState, PowerState
+from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
 
 
 @dataclass(slots=True)
@@ -48,6 +48,10 @@ class NodeRecord:
     # Why the node may not be powered on ("": nothing blocks it): a Critical
     # coolant leak on its tray, until an operator clears it (kept across restarts).
     power_block: str = ""
+    kind: NodeKind = NodeKind.COMPUTE
+    # Why the rack's bring-up keeps this tray from new work ("": nothing holds
+    # it): its rack is handed out whole only once every tray is ready.
+    rack_hold: str = ""
     created_at: float = 0.0
     updated_at: float = 0.0
 

@@ -3,7 +3,7 @@
     enrolled → inspecting → preparing → ready ⇄ allocated → releasing → ready
     inspecting | preparing | ready → testing → preparing | ready | quarantined
     any state → draining → (quarantined | powered_off | maintenance)
-    enrolled | ready | out of service → provisioning → inspecting
+    enrolled | inspecting | ready | out of service → provisioning → inspecting
                                         (docs/provisioning.md)
 
 A transition is legal when it is listed here; moving to the state a node is
@@ -30,6 +30,20 @@ class NodeState(enum.StrEnum):
     MAINTENANCE = "maintenance"
     TESTING = "testing"  # running a level of the health-check suite
     PROVISIONING = "provisioning"  # booting an OS image from the catalogue
+
+
+class NodeKind(enum.StrEnum):
+    """What a rack member is (docs/bring-up.md). Only compute nodes run an
+    agent and take jobs; switch trays and power shelves are powered in
+    bring-up order and never allocated."""
+
+    COMPUTE = "compute"
+    SWITCH_TRAY = "switch_tray"  # an NVLink switch tray
+    POWER_SHELF = "power_shelf"
+
+
+# Members Kiln powers but never inspects, prepares or allocates.
+MEMBERS = frozenset({NodeKind.SWITCH_TRAY, NodeKind.POWER_SHELF})
 
 
 class PowerState(enum.StrEnum):
@@ -61,8 +75,11 @@ TRANSITIONAL = frozenset(
 OUT_OF_SERVICE = frozenset({S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE})
 
 ALLOWED: dict[NodeState, frozenset[NodeState]] = {
-    S.ENROLLED: frozenset({S.INSPECTING, S.PROVISIONING}),
-    S.INSPECTING: frozenset({S.PREPARING, S.ENROLLED, S.TESTING}),
+    # A rack member (switch tray, power shelf) has no agent: once powered it
+    # is ready, and never schedulable (docs/bring-up.md).
+    S.ENROLLED: frozenset({S.INSPECTING, S.PROVISIONING, S.READY}),
+    # Inspecting a node with no OS yet: provisioning may start there too.
+    S.INSPECTING: frozenset({S.PREPARING, S.ENROLLED, S.TESTING, S.PROVISIONING}),
     S.PREPARING: frozenset({S.READY, S.ALLOCATED, S.INSPECTING, S.TESTING}),
     S.READY: frozenset({S.ALLOCATED, S.PREPARING, S.INSPECTING, S.TESTING, S.PROVISIONING}),
     S.TESTING: frozenset({S.PREPARING, S.READY, S.INSPECTING, S.QUARANTINED}),
@@ -78,7 +95,9 @@ ALLOWED: dict[NodeState, frozenset[NodeState]] = {
 }
 
 # Where provisioning may start (an allocated node is refused with its allocation).
-PROVISIONABLE = frozenset({S.ENROLLED, S.READY, S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE})
+PROVISIONABLE = frozenset(
+    {S.ENROLLED, S.INSPECTING, S.READY, S.QUARANTINED, S.POWERED_OFF, S.MAINTENANCE}
+)
 
 
 def check_transition(node: str, current: NodeState, target: NodeState) -> bool:

@@ -35,15 +35,25 @@ SIM_PASSWORD = "sim-secret-not-for-production"
 FLEET_NS = uuid.UUID("6f1d2f5e-8c47-4a52-9b1e-2d8f0c7a9e11")
 
 
+# Rack members with a BMC and no agent (Kiln powers them, never allocates them).
+MEMBER_KINDS = ("switch_tray", "power_shelf")
+
+
 @dataclass(frozen=True)
 class SimNodeSpec:
     name: str
-    kind: str  # h100 | h200 | gb200
+    kind: str  # h100 | h200 | gb200, or a member kind (MEMBER_KINDS)
     rack: str
     leaf: str
     spine: str = "spine-1"
     cluster_uuid: str | None = None
     clique_id: int = 0
+    bios_version: str = ""  # the BMC's BiosVersion ("": the emulator's default)
+
+    @property
+    def member(self) -> bool:
+        """A switch tray or power shelf: a BMC, no GPUs, no agent."""
+        return self.kind in MEMBER_KINDS
 
     @property
     def system_uuid(self) -> str:
@@ -77,6 +87,46 @@ def default_fleet(nvl72_racks: int = 2, hgx_nodes: int = 4, trays: int = 18) -> 
     return specs
 
 
+def nvl72_rack(
+    rack: int = 1,
+    *,
+    trays: int = 18,
+    switch_trays: int = 9,
+    power_shelves: int = 8,
+    odd_clique: Sequence[int] = (),
+    bios: dict[int, str] | None = None,
+) -> list[SimNodeSpec]:
+    """One GB200 NVL72 rack with its members: ``trays`` compute trays (4 GPUs
+    each, one NVLink domain), ``switch_trays`` NVLink switch trays and
+    ``power_shelves`` power shelves. Trays numbered in ``odd_clique`` join
+    fabric clique 2 instead of the rack's 1 (a miscabled tray); ``bios`` gives
+    a tray's BiosVersion by number (needs ``bmc_backend="libvirt-test"``)."""
+    cluster = str(uuid.uuid5(FLEET_NS, f"nvl72-{rack}"))
+    leaf = f"leaf-{rack}"
+    name = f"r{rack:02d}"
+    specs = [
+        SimNodeSpec(
+            name=f"gb200-r{rack:02d}-t{t:02d}",
+            kind="gb200",
+            rack=name,
+            leaf=leaf,
+            cluster_uuid=cluster,
+            clique_id=2 if t in odd_clique else 1,
+            bios_version=(bios or {}).get(t, ""),
+        )
+        for t in range(1, trays + 1)
+    ]
+    specs += [
+        SimNodeSpec(name=f"nvsw-r{rack:02d}-s{s:02d}", kind="switch_tray", rack=name, leaf=leaf)
+        for s in range(1, switch_trays + 1)
+    ]
+    specs += [
+        SimNodeSpec(name=f"psu-r{rack:02d}-p{p:02d}", kind="power_shelf", rack=name, leaf=leaf)
+        for p in range(1, power_shelves + 1)
+    ]
+    return specs
+
+
 @dataclass
 class SimNode:
     spec: SimNodeSpec
@@ -106,7 +156,12 @@ class SimFleet:
 
         self.specs = list(specs)
         self.emulator = RedfishEmulator(
-            [SimSystem(name=s.name, uuid=s.system_uuid, power_state="Off") for s in specs],
+            [
+                SimSystem(
+                    name=s.name, uuid=s.system_uuid, power_state="Off", bios_version=s.bios_version
+                )
+                for s in specs
+            ],
             power_delay=power_delay,
             username=SIM_USERNAME,
             password=SIM_PASSWORD,
@@ -115,7 +170,9 @@ class SimFleet:
         self.nodes = {
             s.name: SimNode(
                 spec=s,
-                nvml=open_backend(
+                nvml=None
+                if s.member
+                else open_backend(
                     f"fake:{s.kind}",
                     node_name=s.name,
                     cluster_uuid=s.cluster_uuid,
@@ -201,9 +258,12 @@ class SimFleet:
         node.powered = True
         node.bmc_boots = max(node.bmc_boots, bmc_boots)
         node.boots += 1
+        node.history.append("on")
+        if node.spec.member:  # a switch tray or power shelf runs no agent
+            log.info("sim member %s: powered on", node.spec.name)
+            return
         if node.boots > 1:
             await asyncio.to_thread(node.nvml.reboot)
-        node.history.append("on")
         # The simulated fleet runs agents in-process; a local import keeps controller free of agent.
         from agent.client import Agent
 

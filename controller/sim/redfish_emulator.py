@@ -68,6 +68,7 @@ class SimSystem:
     name: str
     uuid: str
     power_state: str = "Off"
+    bios_version: str = ""  # libvirt-test only: the BiosVersion it starts at ("": 1.0.0)
 
 
 def make_systems(count: int, prefix: str = "node-", power_state: str = "Off") -> list[SimSystem]:
@@ -79,9 +80,18 @@ def make_systems(count: int, prefix: str = "node-", power_state: str = "Off") ->
 
 
 def _domain_xml(index: int, system: SimSystem) -> str:
-    """A libvirt test-driver domain for ``system``."""
+    """A libvirt test-driver domain for ``system`` (its BiosVersion in the
+    metadata sushy-tools' libvirt driver keeps firmware versions in)."""
+    versions = (
+        "<metadata><sushy:bios xmlns:sushy='http://openstack.org/xmlns/libvirt/sushy'>"
+        f"<sushy:versions><sushy:version name='BiosVersion' value='{system.bios_version}'/>"
+        "</sushy:versions></sushy:bios></metadata>"
+        if system.bios_version
+        else ""
+    )
     return (
         f"<domain type='test'><name>{system.name}</name><uuid>{system.uuid}</uuid>"
+        f"{versions}"
         "<memory unit='KiB'>1048576</memory><vcpu>2</vcpu>"
         "<os><type arch='x86_64'>hvm</type><boot dev='hd'/></os>"
         f"<devices><interface type='network'><mac address='{_mac(index)}'/>"

@@ -43,6 +43,8 @@ class NodeRow(SQLModel, table=True):
     allocation_profile: str = ""  # preparing to its allocation's profile
     power_block: str = ""  # why it may not be powered on (a coolant leak); "": nothing
     provision_json: str = ""  # the OS image being provisioned (ProvisionOp), "": none
+    kind: str = "compute"  # compute, switch_tray or power_shelf (NodeKind)
+    rack_hold: str = ""  # why its rack's bring-up holds it from new work; "": nothing
     created_at: float = 0.0
     updated_at: float = 0.0
 

@@ -23,7 +23,7 @@ from controller.core.kinds import EventKind
 from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo, ProvisionOp
 from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
-from controller.core.states import AllocationState, NodeState, PowerState
+from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
 from controller.store.models import AllocationRow, EventRow, GpuRow, NodeRow, TokenRow
 from controller.store.secrets import SecretBox
 
@@ -99,6 +99,7 @@ _NODE_PLAIN = (
     "allocation_id",
     "agent_last_seen",
     "power_block",
+    "rack_hold",
     "created_at",
     "updated_at",
 )
@@ -117,6 +118,7 @@ def node_record(row: NodeRow, *, with_health: bool = True) -> NodeRecord:
         drain_target=NodeState(row.drain_target) if row.drain_target else None,
         allocation_profile=row.allocation_profile or None,
         provision=_provision(row.provision_json),
+        kind=NodeKind(row.kind or NodeKind.COMPUTE),
     )
 
 
@@ -128,6 +130,7 @@ def _copy_node(node: NodeRecord, row: NodeRow) -> None:
     row.expected_power = node.expected_power.value if node.expected_power else ""
     row.drain_target = node.drain_target.value if node.drain_target else ""
     row.allocation_profile = node.allocation_profile or ""
+    row.kind = node.kind.value
     row.provision_json = (
         json.dumps(node.provision.to_dict(), sort_keys=True) if node.provision else ""
     )

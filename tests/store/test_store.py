@@ -34,7 +34,7 @@ def test_migrating_twice_is_a_no_op(engine: Engine) -> None:
 
     migrate(engine)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0008"
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:

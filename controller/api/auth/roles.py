@@ -67,6 +67,7 @@ FLEET_RULES: dict[str, Rule] = {
     "PowerNodes": _rule(OPERATOR, ADMIN, mutating=True),
     # Provisioners install OS images on nodes they bring into the fleet.
     "ProvisionNodes": _rule(OPERATOR, PROVISIONER, ADMIN, mutating=True),
+    "BringUpRack": _rule(OPERATOR, PROVISIONER, ADMIN, mutating=True),
     "DrainNode": _rule(OPERATOR, ADMIN, mutating=True),
     "RemoveNode": _rule(OPERATOR, PROVISIONER, ADMIN, mutating=True),
     "UndrainNode": _rule(OPERATOR, ADMIN, mutating=True),

@@ -48,7 +48,7 @@ ALLOCATION_STATE_RELEASED: AllocationState
 ALLOCATION_STATE_FAILED: AllocationState
 
 class Node(_message.Message):
-    __slots__ = ("name", "rack", "leaf", "spine", "bmc_url", "bmc_username", "state", "state_reason", "power", "bmc_health", "agent_connected", "agent_last_seen", "gpu_model", "gpu_count", "gpus", "nvlink_domain", "allocation", "health", "profile", "updated_at", "schedulable", "agent_cert_expires_at", "power_block")
+    __slots__ = ("name", "rack", "leaf", "spine", "bmc_url", "bmc_username", "state", "state_reason", "power", "bmc_health", "agent_connected", "agent_last_seen", "gpu_model", "gpu_count", "gpus", "nvlink_domain", "allocation", "health", "profile", "updated_at", "schedulable", "agent_cert_expires_at", "power_block", "kind", "rack_hold")
     NAME_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     LEAF_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,8 @@ class Node(_message.Message):
     SCHEDULABLE_FIELD_NUMBER: _ClassVar[int]
     AGENT_CERT_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     POWER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RACK_HOLD_FIELD_NUMBER: _ClassVar[int]
     name: str
     rack: str
     leaf: str
@@ -95,10 +97,12 @@ class Node(_message.Message):
     schedulable: bool
     agent_cert_expires_at: float
     power_block: str
-    def __init__(self, name: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., bmc_url: _Optional[str] = ..., bmc_username: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., state_reason: _Optional[str] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., bmc_health: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., agent_last_seen: _Optional[float] = ..., gpu_model: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., nvlink_domain: _Optional[str] = ..., allocation: _Optional[str] = ..., health: _Optional[_Union[_types_pb2.NodeHealth, _Mapping]] = ..., profile: _Optional[str] = ..., updated_at: _Optional[float] = ..., schedulable: _Optional[bool] = ..., agent_cert_expires_at: _Optional[float] = ..., power_block: _Optional[str] = ...) -> None: ...
+    kind: _types_pb2.NodeKind
+    rack_hold: str
+    def __init__(self, name: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., bmc_url: _Optional[str] = ..., bmc_username: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., state_reason: _Optional[str] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ..., bmc_health: _Optional[str] = ..., agent_connected: _Optional[bool] = ..., agent_last_seen: _Optional[float] = ..., gpu_model: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., nvlink_domain: _Optional[str] = ..., allocation: _Optional[str] = ..., health: _Optional[_Union[_types_pb2.NodeHealth, _Mapping]] = ..., profile: _Optional[str] = ..., updated_at: _Optional[float] = ..., schedulable: _Optional[bool] = ..., agent_cert_expires_at: _Optional[float] = ..., power_block: _Optional[str] = ..., kind: _Optional[_Union[_types_pb2.NodeKind, str]] = ..., rack_hold: _Optional[str] = ...) -> None: ...
 
 class EnrollNodeRequest(_message.Message):
-    __slots__ = ("name", "bmc_url", "username", "password", "rack", "leaf", "spine", "insecure", "ca_bundle", "profile")
+    __slots__ = ("name", "bmc_url", "username", "password", "rack", "leaf", "spine", "insecure", "ca_bundle", "profile", "kind")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BMC_URL_FIELD_NUMBER: _ClassVar[int]
     USERNAME_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +113,7 @@ class EnrollNodeRequest(_message.Message):
     INSECURE_FIELD_NUMBER: _ClassVar[int]
     CA_BUNDLE_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     name: str
     bmc_url: str
     username: str
@@ -119,7 +124,8 @@ class EnrollNodeRequest(_message.Message):
     insecure: bool
     ca_bundle: str
     profile: str
-    def __init__(self, name: _Optional[str] = ..., bmc_url: _Optional[str] = ..., username: _Optional[str] = ..., password: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., insecure: _Optional[bool] = ..., ca_bundle: _Optional[str] = ..., profile: _Optional[str] = ...) -> None: ...
+    kind: _types_pb2.NodeKind
+    def __init__(self, name: _Optional[str] = ..., bmc_url: _Optional[str] = ..., username: _Optional[str] = ..., password: _Optional[str] = ..., rack: _Optional[str] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., insecure: _Optional[bool] = ..., ca_bundle: _Optional[str] = ..., profile: _Optional[str] = ..., kind: _Optional[_Union[_types_pb2.NodeKind, str]] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("rack", "state", "page_size", "page_token", "gpu_model", "allocation")
@@ -235,6 +241,91 @@ class ProvisionProgress(_message.Message):
     elapsed_s: float
     def __init__(self, node: _Optional[str] = ..., phase: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., image: _Optional[str] = ..., image_url: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
+class BringUpRackRequest(_message.Message):
+    __slots__ = ("rack", "members", "image", "profile", "timeout_s", "concurrency")
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    rack: str
+    members: _containers.RepeatedCompositeFieldContainer[EnrollNodeRequest]
+    image: str
+    profile: str
+    timeout_s: float
+    concurrency: int
+    def __init__(self, rack: _Optional[str] = ..., members: _Optional[_Iterable[_Union[EnrollNodeRequest, _Mapping]]] = ..., image: _Optional[str] = ..., profile: _Optional[str] = ..., timeout_s: _Optional[float] = ..., concurrency: _Optional[int] = ...) -> None: ...
+
+class BringUpProgress(_message.Message):
+    __slots__ = ("rack", "node", "phase", "ok", "message", "ready", "total", "elapsed_s", "report")
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    rack: str
+    node: str
+    phase: str
+    ok: bool
+    message: str
+    ready: int
+    total: int
+    elapsed_s: float
+    report: BringUpReport
+    def __init__(self, rack: _Optional[str] = ..., node: _Optional[str] = ..., phase: _Optional[str] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., ready: _Optional[int] = ..., total: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., report: _Optional[_Union[BringUpReport, _Mapping]] = ...) -> None: ...
+
+class BringUpReport(_message.Message):
+    __slots__ = ("rack", "rack_ready", "trays", "elapsed_s", "slowest_tray_s", "fabric_clique", "reason")
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    RACK_READY_FIELD_NUMBER: _ClassVar[int]
+    TRAYS_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    SLOWEST_TRAY_S_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_CLIQUE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    rack: str
+    rack_ready: bool
+    trays: _containers.RepeatedCompositeFieldContainer[TrayReport]
+    elapsed_s: float
+    slowest_tray_s: float
+    fabric_clique: str
+    reason: str
+    def __init__(self, rack: _Optional[str] = ..., rack_ready: _Optional[bool] = ..., trays: _Optional[_Iterable[_Union[TrayReport, _Mapping]]] = ..., elapsed_s: _Optional[float] = ..., slowest_tray_s: _Optional[float] = ..., fabric_clique: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class TrayReport(_message.Message):
+    __slots__ = ("node", "kind", "state", "ok", "reason", "firmware", "clique", "ready_s", "power")
+    class FirmwareEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FIRMWARE_FIELD_NUMBER: _ClassVar[int]
+    CLIQUE_FIELD_NUMBER: _ClassVar[int]
+    READY_S_FIELD_NUMBER: _ClassVar[int]
+    POWER_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    kind: _types_pb2.NodeKind
+    state: _types_pb2.NodeState
+    ok: bool
+    reason: str
+    firmware: _containers.ScalarMap[str, str]
+    clique: str
+    ready_s: float
+    power: _types_pb2.PowerState
+    def __init__(self, node: _Optional[str] = ..., kind: _Optional[_Union[_types_pb2.NodeKind, str]] = ..., state: _Optional[_Union[_types_pb2.NodeState, str]] = ..., ok: _Optional[bool] = ..., reason: _Optional[str] = ..., firmware: _Optional[_Mapping[str, str]] = ..., clique: _Optional[str] = ..., ready_s: _Optional[float] = ..., power: _Optional[_Union[_types_pb2.PowerState, str]] = ...) -> None: ...
+
 class DrainNodeRequest(_message.Message):
     __slots__ = ("name", "reason")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -268,7 +359,7 @@ class RemoveNodeResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., allocation: _Optional[str] = ...) -> None: ...
 
 class Rack(_message.Message):
-    __slots__ = ("name", "nvlink_domain", "gpu_model", "nodes", "gpus", "ready", "allocated", "leaf", "spine")
+    __slots__ = ("name", "nvlink_domain", "gpu_model", "nodes", "gpus", "ready", "allocated", "leaf", "spine", "members", "hold")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NVLINK_DOMAIN_FIELD_NUMBER: _ClassVar[int]
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +369,8 @@ class Rack(_message.Message):
     ALLOCATED_FIELD_NUMBER: _ClassVar[int]
     LEAF_FIELD_NUMBER: _ClassVar[int]
     SPINE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     name: str
     nvlink_domain: str
     gpu_model: str
@@ -287,7 +380,9 @@ class Rack(_message.Message):
     allocated: int
     leaf: str
     spine: str
-    def __init__(self, name: _Optional[str] = ..., nvlink_domain: _Optional[str] = ..., gpu_model: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus: _Optional[int] = ..., ready: _Optional[int] = ..., allocated: _Optional[int] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ...) -> None: ...
+    members: int
+    hold: str
+    def __init__(self, name: _Optional[str] = ..., nvlink_domain: _Optional[str] = ..., gpu_model: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus: _Optional[int] = ..., ready: _Optional[int] = ..., allocated: _Optional[int] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., members: _Optional[int] = ..., hold: _Optional[str] = ...) -> None: ...
 
 class ListRacksRequest(_message.Message):
     __slots__ = ()

@@ -85,6 +85,11 @@ class FleetServiceStub:
                 request_serializer=kiln_dot_v1_dot_fleet__pb2.ListRacksRequest.SerializeToString,
                 response_deserializer=kiln_dot_v1_dot_fleet__pb2.ListRacksResponse.FromString,
                 _registered_method=True)
+        self.BringUpRack = channel.unary_stream(
+                '/kiln.v1.FleetService/BringUpRack',
+                request_serializer=kiln_dot_v1_dot_fleet__pb2.BringUpRackRequest.SerializeToString,
+                response_deserializer=kiln_dot_v1_dot_fleet__pb2.BringUpProgress.FromString,
+                _registered_method=True)
         self.ExportTopology = channel.unary_unary(
                 '/kiln.v1.FleetService/ExportTopology',
                 request_serializer=kiln_dot_v1_dot_fleet__pb2.ExportTopologyRequest.SerializeToString,
@@ -243,6 +248,16 @@ class FleetServiceServicer:
 
     def ListRacks(self, request, context):
         """Racks (NVLink domains and the nodes in them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BringUpRack(self, request, context):
+        """Bring an NVL72 rack into service as one step (docs/bring-up.md): enrol or
+        adopt its members, power them on in order, provision or inspect the
+        compute trays, hold them to one firmware baseline and one fabric clique,
+        prepare and gate them; the last line carries the per-tray report.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -425,6 +440,11 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.ListRacks,
                     request_deserializer=kiln_dot_v1_dot_fleet__pb2.ListRacksRequest.FromString,
                     response_serializer=kiln_dot_v1_dot_fleet__pb2.ListRacksResponse.SerializeToString,
+            ),
+            'BringUpRack': grpc.unary_stream_rpc_method_handler(
+                    servicer.BringUpRack,
+                    request_deserializer=kiln_dot_v1_dot_fleet__pb2.BringUpRackRequest.FromString,
+                    response_serializer=kiln_dot_v1_dot_fleet__pb2.BringUpProgress.SerializeToString,
             ),
             'ExportTopology': grpc.unary_unary_rpc_method_handler(
                     servicer.ExportTopology,
@@ -787,6 +807,33 @@ class FleetService:
             '/kiln.v1.FleetService/ListRacks',
             kiln_dot_v1_dot_fleet__pb2.ListRacksRequest.SerializeToString,
             kiln_dot_v1_dot_fleet__pb2.ListRacksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BringUpRack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kiln.v1.FleetService/BringUpRack',
+            kiln_dot_v1_dot_fleet__pb2.BringUpRackRequest.SerializeToString,
+            kiln_dot_v1_dot_fleet__pb2.BringUpProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,6 +23,13 @@ class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATE_TESTING: _ClassVar[NodeState]
     NODE_STATE_PROVISIONING: _ClassVar[NodeState]
 
+class NodeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_KIND_UNSPECIFIED: _ClassVar[NodeKind]
+    NODE_KIND_COMPUTE: _ClassVar[NodeKind]
+    NODE_KIND_SWITCH_TRAY: _ClassVar[NodeKind]
+    NODE_KIND_POWER_SHELF: _ClassVar[NodeKind]
+
 class PowerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     POWER_STATE_UNSPECIFIED: _ClassVar[PowerState]
@@ -52,6 +59,10 @@ NODE_STATE_POWERED_OFF: NodeState
 NODE_STATE_MAINTENANCE: NodeState
 NODE_STATE_TESTING: NodeState
 NODE_STATE_PROVISIONING: NodeState
+NODE_KIND_UNSPECIFIED: NodeKind
+NODE_KIND_COMPUTE: NodeKind
+NODE_KIND_SWITCH_TRAY: NodeKind
+NODE_KIND_POWER_SHELF: NodeKind
 POWER_STATE_UNSPECIFIED: PowerState
 POWER_STATE_ON: PowerState
 POWER_STATE_OFF: PowerState
