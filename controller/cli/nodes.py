@@ -82,6 +82,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ca-bundle", default="", metavar="FILE", help="CA bundle for the BMC's TLS")
     p.add_argument("--profile", default="", help="node profile to prepare to")
     p.add_argument(
+        "--kind",
+        choices=("compute", "switch_tray", "power_shelf"),
+        default="compute",
+        help="a rack member Kiln powers but never allocates, or a compute node (default)",
+    )
+    p.add_argument(
         "--agent-token-file",
         type=Path,
         default=None,
@@ -255,6 +261,7 @@ def cmd_enroll(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         ca_bundle=args.ca_bundle,
         profile=args.profile,
+        kind=types_pb2.NodeKind.Value(f"NODE_KIND_{args.kind.upper()}"),
     )
     with connect(args) as session:
         node = session.stub.EnrollNode(request, timeout=session.timeout)

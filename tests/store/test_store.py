@@ -113,3 +113,22 @@ def test_health_json_is_the_whole_report_and_reads_back_the_same() -> None:
     )
     assert json.loads(health_to_json(report)) == json.loads(json.dumps(dataclasses.asdict(report)))
     assert health_from_json(health_to_json(report)) == report
+
+
+async def test_a_members_kind_and_a_trays_rack_hold_read_back(engine: Engine) -> None:
+    from controller.core.states import NodeKind
+
+    db = SqlStore(engine)
+    url = "redfish+http://127.0.0.1:1/redfish/v1/Systems/"
+
+    def write(tx: SqlTx) -> None:
+        tx.nodes.add(NodeRecord(name="sw", bmc_url=url + "1", kind=NodeKind.SWITCH_TRAY), "pw")
+        tx.nodes.add(NodeRecord(name="t1", bmc_url=url + "2", rack_hold="rack r1 held"), "pw")
+        tx.nodes.add(NodeRecord(name="old", bmc_url=url + "3"), "pw")
+
+    await db.tx(write)
+    got = await db.read(lambda tx: {n: tx.nodes.get(n) for n in ("sw", "t1", "old")})
+    assert got["sw"].kind == NodeKind.SWITCH_TRAY and got["sw"].rack_hold == ""
+    assert got["t1"].kind == NodeKind.COMPUTE and got["t1"].rack_hold == "rack r1 held"
+    assert got["old"].kind == NodeKind.COMPUTE
+    db.close()
