@@ -22,12 +22,19 @@ the process.
 from __future__ import annotations
 
 import asyncio
+import functools
+import http.server
+import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import grpc
 import hypothesis.internal.conjecture.providers  # noqa: F401
 import pytest
 from peers import ControllerThread, postgres_server
+
+IMAGES = Path(__file__).resolve().parents[1] / "images"
 
 
 async def _hold_grpc_aio() -> None:
@@ -35,6 +42,27 @@ async def _hold_grpc_aio() -> None:
 
 
 asyncio.run(_hold_grpc_aio())
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def image_server() -> Iterator[str]:
+    """images/ served on 127.0.0.1 (the catalogue's kiln-test is testdata/kiln-test.iso)."""
+    handler = functools.partial(_Quiet, directory=str(IMAGES))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    server.block_on_close = False  # a client's idle keep-alive must not hold teardown
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 S = NodeState
 DEFAULT_TIMEOUT_S = 3600.0
 POLL_S = 0.25
+# How long one group of members (the power shelves, the switch trays) may take
+# to report power on before the next group goes ahead without the laggards.
+GROUP_POWER_S = 300.0
 FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 POWER_ORDER = (NodeKind.POWER_SHELF, NodeKind.SWITCH_TRAY, NodeKind.COMPUTE)
 # Brought back into service by a bring-up (an operator's drain or power-off);
@@ -262,12 +265,16 @@ class RackBringUp:
             await self._hold(rack, in_progress_hold(rack), held)
             for kind in POWER_ORDER:
                 group = [s for s in specs if s.kind == kind]
+                # Trays to provision are not handed to the lifecycle: powering
+                # them on to inspect an OS about to be replaced is a wasted boot.
+                quiet = kind == NodeKind.COMPUTE and bool(request.image)
+                enroll = self._nodes.enroll if quiet else self._enroll
+                await asyncio.gather(*(enroll(spec) for spec in group))
                 for spec in group:
-                    await self._enroll(spec)
                     yield line("enrolled", spec.name, message=f"{kind.value} enrolled or adopted")
                 if kind == NodeKind.COMPUTE:
                     await self._hold(rack, in_progress_hold(rack), [s.name for s in group])
-                    await self._adopt_trays(rack, request.profile)
+                    await self._adopt_trays(rack, request.profile, poke=not request.image)
                     break
                 async for out in self._power_group(rack, kind, deadline, failures, line):
                     yield out
@@ -320,12 +327,15 @@ class RackBringUp:
         else:
             log.info("rack %s: brought up; %d trays released to work", rack, len(names))
 
-    async def _adopt_trays(self, rack: str, profile: str) -> None:
-        """Trays enrolled before: the baseline profile set, a powered-off or
-        maintenance tray brought back, a ready one that is off powered on."""
+    async def _adopt_trays(self, rack: str, profile: str, *, poke: bool) -> None:
+        """Trays enrolled before: the baseline profile set and, unless they
+        are to be provisioned (``poke`` False), a powered-off or maintenance
+        tray brought back, a ready one that is off powered on."""
         for node in await self._trays(rack):
             if profile and node.profile != profile:
                 await self._set_profile(node.name, profile)
+            if not poke:
+                continue
             if node.state in BROUGHT_BACK:
                 await self._undrain(node.name)
             elif node.state == S.READY and node.power == PowerState.OFF:
@@ -361,6 +371,7 @@ class RackBringUp:
                     failures[node.name] = f"did not power on: {e}"
             self._poke(node.name)
         waiting = {n.name for n in group} - set(failures)
+        deadline = min(deadline, time.monotonic() + GROUP_POWER_S)
         while waiting and time.monotonic() < deadline:
             view = await self._nodes.loaded()
             for name in sorted(waiting):

@@ -7,6 +7,7 @@ rack from work and is named."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,7 +40,7 @@ gpu: {persistence_mode: true}
 
 @asynccontextmanager
 async def rack_env(
-    tmp_path: Path, specs: list[SimNodeSpec], *, bmc_backend: str = "fake"
+    tmp_path: Path, specs: list[SimNodeSpec], *, bmc_backend: str = "fake", **config: Any
 ) -> AsyncIterator[tuple[fleet_pb2_grpc.FleetServiceStub, SimFleet]]:
     profiles = ProfileCatalog()
     profiles.add(parse_profile(yaml.safe_load(PINNED), "test"))
@@ -51,6 +52,7 @@ async def rack_env(
             sample_interval=0.3,
             profiles=profiles,
             bmc_power_timeout=30.0,
+            **config,
         )
     )
     address = await server.start()
@@ -141,6 +143,27 @@ async def test_a_whole_nvl72_rack_comes_up_in_one_call(tmp_path: Path) -> None:
             f"{report.slowest_tray_s:.1f} s; ratio "
             f"{report.elapsed_s / max(report.slowest_tray_s, 1e-9):.2f}"
         )
+
+
+@pytest.mark.timeout(240)
+async def test_a_rack_provisioned_from_the_catalogue(tmp_path: Path, image_server: str) -> None:
+    specs = nvl72_rack(1, trays=3, switch_trays=1, power_shelves=1)
+    async with rack_env(tmp_path, specs, image_server=image_server) as (stub, fleet):
+        lines, report = await bring_up(stub, rack="r01", members=members(fleet), image="kiln-test")
+        assert report.rack_ready, report.reason
+        provisioned = {x.node for x in lines if x.phase == "provisioning"}
+        assert provisioned == {t.node for t in trays(report)}
+        for t in trays(report):
+            last = (await fleet.emulator.system(t.node))["Oem"]["KilnSim"]["LastBoot"]
+            assert last["Device"] == "Cd" and last["Image"].endswith("kiln-test.iso")
+            moves = [
+                (d["from_state"], d["to_state"])
+                async for e in stub.WatchEvents(fleet_pb2.WatchEventsRequest(node=t.node))
+                if e.kind == "node.transition" and (d := json.loads(e.data_json))
+            ]
+            assert ("provisioning", "inspecting") in moves
+        for m in (x for x in report.trays if x.kind != types_pb2.NODE_KIND_COMPUTE):
+            assert (await fleet.emulator.system(m.node))["Oem"]["KilnSim"]["BootCount"] == 1
 
 
 @pytest.mark.timeout(240)
@@ -246,3 +269,41 @@ async def test_bad_requests_are_refused_before_anything_happens(tmp_path: Path) 
         )
         assert alloc.state == fleet_pb2.ALLOCATION_STATE_READY
         assert alloc.id in await refused(grpc.StatusCode.FAILED_PRECONDITION, rack="r01")
+
+
+@pytest.mark.timeout(240)
+async def test_an_interrupted_bring_up_keeps_the_rack_held_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    specs = nvl72_rack(1, trays=2, switch_trays=1, power_shelves=1)
+    async with rack_env(tmp_path, specs) as (stub, fleet):
+        stream = stub.BringUpRack(
+            fleet_pb2.BringUpRackRequest(rack="r01", members=members(fleet)), timeout=STREAM_S
+        )
+        async for line in stream:
+            if line.node.startswith("gb200") and line.phase == "enrolled":
+                break
+        stream.cancel()
+        tray = "gb200-r01-t01"
+
+        async def held() -> str:
+            for _ in range(100):
+                node = await stub.GetNode(fleet_pb2.GetNodeRequest(name=tray))
+                if "interrupted" in node.rack_hold:
+                    return node.rack_hold
+                await asyncio.sleep(0.1)
+            return node.rack_hold
+
+        assert "its bring-up was interrupted" in await held()
+        assert not (await stub.GetNode(fleet_pb2.GetNodeRequest(name=tray))).schedulable
+
+    # A new controller on the same database: still held, until a bring-up ends well.
+    async with rack_env(tmp_path, specs) as (stub, fleet):
+        node = await stub.GetNode(fleet_pb2.GetNodeRequest(name=tray))
+        assert "interrupted" in node.rack_hold
+        for spec in fleet.specs:  # the new emulator serves the systems on a new port
+            await stub.RemoveNode(fleet_pb2.RemoveNodeRequest(name=spec.name, force=True))
+        _, report = await bring_up(stub, rack="r01", members=members(fleet))
+        assert report.rack_ready, report.reason
+        node = await stub.GetNode(fleet_pb2.GetNodeRequest(name=tray))
+        assert node.rack_hold == "" and node.schedulable

@@ -8,11 +8,8 @@ agent restarts when the emulator boots it, as a node booting the image would.
 from __future__ import annotations
 
 import asyncio
-import functools
-import http.server
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,27 +30,6 @@ NODE = "h200-n01"
 # A stream's deadline: a stuck provisioning fails its test instead of
 # outliving the test's timeout (which would end the whole run).
 STREAM_S = 90.0
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def image_server() -> Iterator[str]:
-    """images/ served on 127.0.0.1 (the catalogue's kiln-test is testdata/kiln-test.iso)."""
-    handler = functools.partial(_Quiet, directory=str(IMAGES))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    server.block_on_close = False  # a client's idle keep-alive must not hold teardown
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def _env(
