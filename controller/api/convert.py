@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from controller.core.audit import AuditEntry
 from controller.core.checks import CheckRunInfo
@@ -27,6 +29,8 @@ from controller.core.paging import AllocationFilter, NodeFilter
 from controller.core.rack_bringup import BringUpLine, BringUpReport, BringUpRequest
 from controller.core.states import NodeKind
 from kiln.v1 import fleet_pb2, types_pb2
+
+M = TypeVar("M")
 
 NODE_STATE = {
     s.removeprefix("NODE_STATE_").lower(): v
@@ -380,18 +384,20 @@ def audit_entry_pb(e: AuditEntry) -> fleet_pb2.AuditEntry:
     )
 
 
+def plain_pb(value: Any, message: Callable[..., M], **special: Any) -> M:
+    """``message`` built from the fields of the dataclass ``value`` that the
+    message has by the same name; ``special`` gives the others (None: unset)."""
+    names = message.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
+    fields = {
+        f.name: getattr(value, f.name)
+        for f in dataclasses.fields(value)
+        if f.name in names and f.name not in special
+    }
+    return message(**fields, **{k: v for k, v in special.items() if v is not None})
+
+
 def provision_progress_pb(p: ProvisionProgress) -> fleet_pb2.ProvisionProgress:
-    return fleet_pb2.ProvisionProgress(
-        node=p.node,
-        phase=p.phase,
-        ok=p.ok,
-        error=p.error,
-        image=p.image,
-        image_url=p.image_url,
-        done=p.done,
-        total=p.total,
-        elapsed_s=p.elapsed_s,
-    )
+    return plain_pb(p, fleet_pb2.ProvisionProgress)
 
 
 def bring_up_request(request: fleet_pb2.BringUpRackRequest) -> BringUpRequest:
@@ -408,41 +414,19 @@ def bring_up_request(request: fleet_pb2.BringUpRackRequest) -> BringUpRequest:
 
 
 def bring_up_report_pb(r: BringUpReport) -> fleet_pb2.BringUpReport:
-    return fleet_pb2.BringUpReport(
-        rack=r.rack,
-        rack_ready=r.rack_ready,
-        elapsed_s=r.elapsed_s,
-        slowest_tray_s=r.slowest_tray_s,
-        fabric_clique=r.fabric_clique,
-        reason=r.reason,
-        trays=[
-            fleet_pb2.TrayReport(
-                node=t.node,
-                kind=NODE_KIND[t.kind],
-                state=NODE_STATE.get(t.state, 0),
-                ok=t.ok,
-                reason=t.reason,
-                firmware=t.firmware,
-                clique=t.clique,
-                ready_s=t.ready_s,
-                power=power_pb(t.power),
-            )
-            for t in r.trays
-        ],
-    )
+    trays = [
+        plain_pb(
+            t,
+            fleet_pb2.TrayReport,
+            kind=NODE_KIND[t.kind],
+            state=NODE_STATE.get(t.state, 0),
+            power=power_pb(t.power),
+        )
+        for t in r.trays
+    ]
+    return plain_pb(r, fleet_pb2.BringUpReport, trays=trays)
 
 
 def bring_up_line_pb(line: BringUpLine) -> fleet_pb2.BringUpProgress:
-    msg = fleet_pb2.BringUpProgress(
-        rack=line.rack,
-        node=line.node,
-        phase=line.phase,
-        ok=line.ok,
-        message=line.message,
-        ready=line.ready,
-        total=line.total,
-        elapsed_s=line.elapsed_s,
-    )
-    if line.report is not None:
-        msg.report.CopyFrom(bring_up_report_pb(line.report))
-    return msg
+    report = bring_up_report_pb(line.report) if line.report is not None else None
+    return plain_pb(line, fleet_pb2.BringUpProgress, report=report)

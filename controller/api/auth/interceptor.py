@@ -150,7 +150,7 @@ class _Guard:
         code: grpc.StatusCode,
         detail: str,
     ) -> None:
-        await self._record(caller, request, context, code, detail)
+        await self._record(caller, request, _peer(context), code, detail)
         await context.abort(code, detail)
 
     # -- audit ---------------------------------------------------------------
@@ -159,9 +159,16 @@ class _Guard:
         return code in REFUSALS or (self.rule is not None and self.rule.mutating)
 
     async def finish(
-        self, caller: Caller, request: object, context: Ctx, error: BaseException | None
+        self,
+        caller: Caller,
+        request: object,
+        context: Ctx,
+        error: BaseException | None,
+        peer: str,
     ) -> None:
-        """Audit the call's outcome, if it is one the log keeps."""
+        """Audit the call's outcome, if it is one the log keeps. ``peer`` was
+        read while the call was alive: a context read after a cancelled call
+        is torn down crashes gRPC's aio server."""
         gone = isinstance(error, asyncio.CancelledError | GeneratorExit)
         if gone:
             code, detail = grpc.StatusCode.CANCELLED, "the caller went away"
@@ -176,16 +183,16 @@ class _Guard:
             return
         if gone:
             # The call is being torn down: store the entry from a task of its own.
-            task = asyncio.create_task(self._record(caller, request, context, code, detail))
+            task = asyncio.create_task(self._record(caller, request, peer, code, detail))
             self._owner.keep(task)
             return
-        await self._record(caller, request, context, code, detail)
+        await self._record(caller, request, peer, code, detail)
 
     async def _record(
         self,
         caller: Caller | None,
         request: object,
-        context: Ctx,
+        peer: str,
         code: grpc.StatusCode,
         detail: str,
     ) -> None:
@@ -200,7 +207,7 @@ class _Guard:
             arguments=audit_arguments(request),
             code=code.name,
             detail=detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 1] + "…",
-            peer=_peer(context),
+            peer=peer,
         )
         try:
             await self._fleet.record_audit(entry)
@@ -229,17 +236,18 @@ class _Guard:
     def _unary(self, inner: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         async def call(request: Any, context: Ctx) -> Any:
             caller = await self.admit(request, context)
+            peer = _peer(context)
             token = set_caller(caller)
             try:
                 result = inner(request, context)
                 if inspect.isawaitable(result):
                     result = await result
             except BaseException as e:
-                await self.finish(caller, request, context, e)
+                await self.finish(caller, request, context, e, peer)
                 raise
             finally:
                 reset_caller(token)
-            await self.finish(caller, request, context, None)
+            await self.finish(caller, request, context, None, peer)
             return result
 
         return call
@@ -247,6 +255,7 @@ class _Guard:
     def _streaming(self, inner: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
         async def call(request: Any, context: Ctx) -> AsyncIterator[Any]:
             caller = await self.admit(request, context)
+            peer = _peer(context)
             token = set_caller(caller)
             try:
                 produced = inner(request, context)
@@ -256,11 +265,11 @@ class _Guard:
                     async for item in produced:
                         yield item
             except BaseException as e:
-                await self.finish(caller, request, context, e)
+                await self.finish(caller, request, context, e, peer)
                 raise
             finally:
                 reset_caller(token)
-            await self.finish(caller, request, context, None)
+            await self.finish(caller, request, context, None, peer)
 
         return call
 
