@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from controller.core.errors import InvalidArgument
+from kiln_common.durations import parse_duration
 
 SUPPORTED_VERSIONS = ("v1",)
 LEVELS = ("quick", "medium", "long")
@@ -42,8 +43,6 @@ OPS: Mapping[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     "==": operator.eq,
 }
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class SuiteError(InvalidArgument):
@@ -363,9 +362,7 @@ def _count(raw: object, where: str) -> int:
 
 
 def _duration(raw: object, where: str) -> float:
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        raw = f"{raw}s"
-    m = _DURATION.match(raw) if isinstance(raw, str) else None
-    if m is None:
-        raise SuiteError(where, f"{raw!r} is not a duration like '90s', '15m' or '24h'")
-    return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+    try:
+        return parse_duration(raw)
+    except ValueError as e:
+        raise SuiteError(where, str(e)) from None

@@ -38,6 +38,7 @@ from controller.policies.rules import (
     RuleSet,
     Thresholds,
 )
+from kiln_common.durations import parse_duration
 
 SUPPORTED_VERSIONS = ("v1",)
 _TOP_KEYS = {
@@ -73,8 +74,6 @@ _SIMPLE_ACTIONS = {
     "reset_gpu": ActionKind.RESET_GPU,
 }
 _RECOVERY_NAMES = ", ".join(a.label for a in RecoveryAction)
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
@@ -382,15 +381,10 @@ def _xid_set(raw: object, where: str) -> frozenset[int]:
 
 def _duration(raw: object, where: str) -> float:
     """``"90s"``, ``"5m"``, ``"1h"``, ``"500ms"`` or a number of seconds."""
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        seconds = float(raw)
-    elif isinstance(raw, str) and (m := _DURATION.match(raw)):
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    else:
-        raise RuleSetError(where, f"{raw!r} is not a duration like '60s', '5m' or '1h'")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise RuleSetError(where, f"{raw!r} is not a non-negative duration")
-    return seconds
+    try:
+        return parse_duration(raw)
+    except ValueError as e:
+        raise RuleSetError(where, str(e)) from None
 
 
 def _mapping(raw: object, where: str) -> Mapping[str, Any]:
