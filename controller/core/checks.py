@@ -159,9 +159,7 @@ class CheckRunner:
         count = min(limit or HISTORY_DEFAULT, HISTORY_MOST)
 
         def read(tx: Tx) -> list[CheckRunInfo]:
-            events = tx.events.latest(
-                EventKind.NODE_CHECK, limit=count, where=lambda e: e.node == node
-            )
+            events = tx.events.latest(EventKind.NODE_CHECK, limit=count, node=node)
             return [CheckRunInfo.from_event(node, e.reason, e.data) for e in events]
 
         return await self._store.read(read)
@@ -169,9 +167,7 @@ class CheckRunner:
     async def ever_passed(self, node: str) -> bool:
         def read(tx: Tx) -> bool:
             found = tx.events.latest(
-                EventKind.NODE_CHECK,
-                limit=1,
-                where=lambda e: e.node == node and bool(e.data.get("passed")),
+                EventKind.NODE_CHECK, limit=1, node=node, where=lambda e: bool(e.data.get("passed"))
             )
             return bool(found)
 

@@ -328,9 +328,21 @@ class Lifecycle:
             return False
         if state == S.DRAINING and not row.allocation_id:
             await self._gpu_command(row.name, AgentCommand("reset_gpus"), best_effort=True)
-            target = row.drain_target or S.MAINTENANCE
-            await self._move(row.name, target, row.state_reason or "drained")
+            await self._finish_drain(row.name)
         return False
+
+    async def _finish_drain(self, name: str) -> None:
+        """Move a drained node to its out-of-service state, as stored now: while
+        the GPUs were reset a policy may have ended the drain itself (a thermal
+        power-off moves it to powered_off), which a stale target would undo."""
+
+        def write(tx: Tx) -> None:
+            node = load_node(tx, name)
+            if node.state != S.DRAINING or node.allocation_id:
+                return
+            move(tx, node, node.drain_target or S.MAINTENANCE, node.state_reason or "drained")
+
+        await self._store.tx(write)
 
     async def _provision(self, row: NodeRecord) -> bool:
         """One provisioning step; inspects the node at once when its agent is back."""

@@ -172,10 +172,12 @@ class EventRepository(Protocol):
         *,
         since_at: float = 0.0,
         limit: int = 500,
+        node: str = "",
         where: Callable[[EventInfo], bool] | None = None,
     ) -> list[EventInfo]:
-        """The newest ``limit`` events of ``kind`` recorded at or after
-        ``since_at`` that ``where`` accepts (all, without it), oldest first.
+        """The newest ``limit`` events of ``kind`` (of ``node``, if given: in
+        the query, by its index) recorded at or after ``since_at`` that
+        ``where`` accepts (all, without it), oldest first.
 
         Reads newest first and stops at ``limit`` matches.
         """

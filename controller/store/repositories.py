@@ -482,14 +482,13 @@ class SqlEvents:
         *,
         since_at: float = 0.0,
         limit: int = 500,
+        node: str = "",
         where: Callable[[EventInfo], bool] | None = None,
     ) -> list[EventInfo]:
-        stmt = (
-            select(EventRow)
-            .where(EventRow.kind == str(kind), col(EventRow.at) >= since_at)
-            .order_by(col(EventRow.seq).desc())
-            .execution_options(yield_per=200)
-        )
+        stmt = select(EventRow).where(EventRow.kind == str(kind), col(EventRow.at) >= since_at)
+        if node:
+            stmt = stmt.where(EventRow.node == node)
+        stmt = stmt.order_by(col(EventRow.seq).desc()).execution_options(yield_per=200)
         found: list[EventInfo] = []
         for row in self._session.exec(stmt):
             event = event_info(row)

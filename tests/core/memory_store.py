@@ -252,9 +252,14 @@ class MemoryEvents:
         *,
         since_at: float = 0.0,
         limit: int = 500,
+        node: str = "",
         where: Callable[[EventInfo], bool] | None = None,
     ) -> list[EventInfo]:
-        found = [replace(e) for e in self.recent(kind, since_at) if where is None or where(e)]
+        found = [
+            replace(e)
+            for e in self.recent(kind, since_at)
+            if (not node or e.node == node) and (where is None or where(e))
+        ]
         return found[-limit:] if limit > 0 else []
 
 
