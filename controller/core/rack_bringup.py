@@ -364,11 +364,13 @@ class RackBringUp:
         the next group starts; one that will not come on is named and left."""
         group = await self._members(rack, kind)
         for node in group:
-            if node.state == S.READY and node.power == PowerState.OFF:
-                try:
+            try:
+                if node.state in BROUGHT_BACK:
+                    await self._undrain(node.name)  # the lifecycle powers it on again
+                elif node.state == S.READY and node.power == PowerState.OFF:
                     await self._nodes.power(node.name, "on")
-                except KilnError as e:
-                    failures[node.name] = f"did not power on: {e}"
+            except KilnError as e:
+                failures[node.name] = f"did not power on: {e}"
             self._poke(node.name)
         waiting = {n.name for n in group} - set(failures)
         deadline = min(deadline, time.monotonic() + GROUP_POWER_S)

@@ -307,3 +307,34 @@ async def test_an_interrupted_bring_up_keeps_the_rack_held_across_a_restart(
         assert report.rack_ready, report.reason
         node = await stub.GetNode(fleet_pb2.GetNodeRequest(name=tray))
         assert node.rack_hold == "" and node.schedulable
+
+
+@pytest.mark.timeout(240)
+async def test_a_second_bring_up_brings_back_a_drained_shelf_and_an_idle_switch(
+    tmp_path: Path,
+) -> None:
+    specs = nvl72_rack(1, trays=2, switch_trays=1, power_shelves=1)
+    async with rack_env(tmp_path, specs) as (stub, fleet):
+        _, first = await bring_up(stub, rack="r01", members=members(fleet))
+        assert first.rack_ready, first.reason
+        shelf, switch = "psu-r01-p01", "nvsw-r01-s01"
+        await stub.DrainNode(fleet_pb2.DrainNodeRequest(name=shelf, reason="swap a PSU"))
+        await stub.PowerNode(
+            fleet_pb2.PowerNodeRequest(name=switch, action=types_pb2.POWER_ACTION_OFF)
+        )
+        for _ in range(100):
+            drained = await stub.GetNode(fleet_pb2.GetNodeRequest(name=shelf))
+            if drained.state == types_pb2.NODE_STATE_MAINTENANCE:
+                break
+            await asyncio.sleep(0.1)
+        assert drained.state == types_pb2.NODE_STATE_MAINTENANCE
+        assert fleet.read_power()[switch] == "Off"
+
+        lines, again = await bring_up(stub, rack="r01")  # adopt what is enrolled
+        assert again.rack_ready, again.reason
+        assert {x.node for x in lines if x.phase == "powered_on"} == {shelf, switch}
+        power = fleet.read_power()
+        assert power[shelf] == "On" and power[switch] == "On"
+        for name in (shelf, switch):
+            node = await stub.GetNode(fleet_pb2.GetNodeRequest(name=name))
+            assert node.state == types_pb2.NODE_STATE_READY and not node.schedulable
