@@ -17,18 +17,13 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from sim_env import enroll_request, sim_env
 
 from controller.core.profiles import ProfileCatalog, parse_profile
-from controller.server import ControllerConfig, ControllerServer
-from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, SimNodeSpec, nvl72_rack
+from controller.sim.fleet import SimFleet, SimNodeSpec, nvl72_rack
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 STREAM_S = 150.0
-KIND = {
-    "gb200": types_pb2.NODE_KIND_COMPUTE,
-    "switch_tray": types_pb2.NODE_KIND_SWITCH_TRAY,
-    "power_shelf": types_pb2.NODE_KIND_POWER_SHELF,
-}
 PINNED = """
 version: v1
 name: rack-baseline
@@ -44,41 +39,20 @@ async def rack_env(
 ) -> AsyncIterator[tuple[fleet_pb2_grpc.FleetServiceStub, SimFleet]]:
     profiles = ProfileCatalog()
     profiles.add(parse_profile(yaml.safe_load(PINNED), "test"))
-    server = ControllerServer(
-        ControllerConfig(
-            listen="127.0.0.1:0",
-            state_dir=tmp_path,
-            reconcile_interval=0.2,
-            sample_interval=0.3,
-            profiles=profiles,
-            bmc_power_timeout=30.0,
-            **config,
-        )
-    )
-    address = await server.start()
-    fleet = SimFleet(specs, watch_interval=0.3, bmc_backend=bmc_backend)
-    await fleet.start(address)
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            yield fleet_pb2_grpc.FleetServiceStub(channel), fleet
-    finally:
-        await fleet.stop()
-        await server.stop()
+    async with sim_env(
+        tmp_path,
+        specs,
+        bmc_backend=bmc_backend,
+        sample_interval=0.3,
+        profiles=profiles,
+        bmc_power_timeout=30.0,
+        **config,
+    ) as env:
+        yield env.stub, env.fleet
 
 
 def members(fleet: SimFleet) -> list[fleet_pb2.EnrollNodeRequest]:
-    return [
-        fleet_pb2.EnrollNodeRequest(
-            name=s.name,
-            bmc_url=fleet.bmc_url(s.name),
-            username=SIM_USERNAME,
-            password=SIM_PASSWORD,
-            rack=s.rack,
-            leaf=s.leaf,
-            kind=KIND[s.kind],
-        )
-        for s in fleet.specs
-    ]
+    return [enroll_request(fleet, s, leaf=s.leaf) for s in fleet.specs]
 
 
 async def bring_up(

@@ -11,10 +11,10 @@ import pynvml
 import pytest
 import yaml
 from fleet_waits import wait_all_ready, wait_allocation
+from sim_env import enroll_all, sim_env
 
 from controller.core.profiles import ProfileCatalog, parse_profile
-from controller.server import ControllerConfig, ControllerServer
-from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
+from controller.sim.fleet import SimFleet, default_fleet
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc
 
 PROFILE = """
@@ -36,35 +36,9 @@ async def env(
 ) -> AsyncIterator[tuple[fleet_pb2_grpc.FleetServiceStub, SimFleet]]:
     profiles = ProfileCatalog()
     profiles.add(parse_profile(yaml.safe_load(PROFILE), "test"))
-    server = ControllerServer(
-        ControllerConfig(
-            listen="127.0.0.1:0",
-            state_dir=tmp_path,
-            reconcile_interval=0.2,
-            sample_interval=0.5,
-            profiles=profiles,
-        )
-    )
-    address = await server.start()
-    fleet = SimFleet(default_fleet(nvl72_racks=0, hgx_nodes=2), watch_interval=0.3)
-    await fleet.start(address)
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = fleet_pb2_grpc.FleetServiceStub(channel)
-            for spec in fleet.specs:
-                await stub.EnrollNode(
-                    fleet_pb2.EnrollNodeRequest(
-                        name=spec.name,
-                        bmc_url=fleet.bmc_url(spec.name),
-                        username=SIM_USERNAME,
-                        password=SIM_PASSWORD,
-                        rack=spec.rack,
-                    )
-                )
-            yield stub, fleet
-    finally:
-        await fleet.stop()
-        await server.stop()
+    async with sim_env(tmp_path, default_fleet(nvl72_racks=0, hgx_nodes=2), profiles=profiles) as e:
+        await enroll_all(e.stub, e.fleet)
+        yield e.stub, e.fleet
 
 
 def power_limit_w(nvml: object, index: int) -> float:

@@ -9,14 +9,13 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import pytest
 import yaml
 from bmc_peers import redfishtool_system
 from fleet_waits import wait_node_state
+from sim_env import sim_env
 
 from controller.core.profiles import ProfileCatalog, parse_profile
-from controller.server import ControllerConfig, ControllerServer
 from controller.sim.fleet import SIM_PASSWORD, SIM_USERNAME, SimFleet, default_fleet
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
@@ -44,27 +43,16 @@ async def env(tmp_path: Path) -> AsyncIterator[tuple[fleet_pb2_grpc.FleetService
     profiles = ProfileCatalog()
     for text in PROFILES:
         profiles.add(parse_profile(yaml.safe_load(text), "test"))
-    server = ControllerServer(
-        ControllerConfig(
-            listen="127.0.0.1:0",
-            state_dir=tmp_path,
-            reconcile_interval=0.2,
-            sample_interval=0.3,
-            profiles=profiles,
-            bmc_power_timeout=30.0,
-        )
-    )
-    address = await server.start()
-    fleet = SimFleet(
-        default_fleet(nvl72_racks=0, hgx_nodes=2), watch_interval=0.3, bmc_backend="libvirt-test"
-    )
-    await fleet.start(address)
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            yield fleet_pb2_grpc.FleetServiceStub(channel), fleet
-    finally:
-        await fleet.stop()
-        await server.stop()
+    specs = default_fleet(nvl72_racks=0, hgx_nodes=2)
+    async with sim_env(
+        tmp_path,
+        specs,
+        bmc_backend="libvirt-test",
+        sample_interval=0.3,
+        profiles=profiles,
+        bmc_power_timeout=30.0,
+    ) as e:
+        yield e.stub, e.fleet
 
 
 async def test_firmware_and_bios_reach_the_baseline_before_the_node_is_ready(
