@@ -66,7 +66,13 @@ from controller.core.power_block import PowerBlockGate
 from controller.core.power_sync import PowerSync
 from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import HealthGate, ProfileCatalog
-from controller.core.provisioning import FINAL, Provisioner, ProvisionLimits, progress_lines
+from controller.core.provisioning import (
+    FINAL,
+    Provisioner,
+    ProvisionLimits,
+    ResolvedImage,
+    progress_lines,
+)
 from controller.core.rack_bringup import BringUpLine, BringUpRequest, RackBringUp
 from controller.core.states import NodeState
 from controller.core.tasks import BackgroundTasks
@@ -206,7 +212,7 @@ class Fleet:
             self.profiles,
             enroll=self.enroll,
             undrain=self.undrain,
-            provision=lambda scope, image, concurrency, by: self.provision_many(
+            provision=lambda scope, image, concurrency, by: self.provision_resolved(
                 scope, image, concurrency=concurrency, by=by
             ),
             poke=self.lifecycle.poke,
@@ -314,6 +320,25 @@ class Fleet:
             raise InvalidArgument("concurrency must be 0 or more")
         started = time.monotonic()
         resolved = await self.provisioner.resolve(image, image_server)
+        progress = self.provision_resolved(
+            scope, resolved, concurrency=concurrency, by=by, started=started
+        )
+        async for line in progress:
+            yield line
+
+    async def provision_resolved(
+        self,
+        scope: ProvisionScope,
+        resolved: ResolvedImage,
+        *,
+        concurrency: int = 0,
+        by: Caller | None = None,
+        started: float | None = None,
+    ) -> AsyncIterator[ProvisionProgress]:
+        """``provision_many`` for an image already resolved and verified
+        (``Provisioner.resolve``), so a caller that checked it first does not
+        fetch and hash it again; ``started``: when the request began."""
+        started = time.monotonic() if started is None else started
         chosen, skipped = await self.provisioner.targets(scope, resolved.url)
         total = len(chosen) + len(skipped)
         for line in progress_lines(chosen, skipped):

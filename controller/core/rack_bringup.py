@@ -47,6 +47,7 @@ from controller.core.model import (
 from controller.core.nodes import Nodes, validate_name
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.profiles import ProfileCatalog
+from controller.core.provisioning import ResolvedImage
 from controller.core.records import NodeRecord
 from controller.core.states import OUT_OF_SERVICE, NodeKind, NodeState, PowerState
 from controller.core.transitions import load_node, move
@@ -115,8 +116,11 @@ class BringUpLine:
     report: BringUpReport | None = None
 
 
-# (scope, image, concurrency, the caller) → its progress: ``Fleet.provision_many``.
-Provision = Callable[[ProvisionScope, str, int, Caller | None], AsyncIterator[ProvisionProgress]]
+# (scope, the verified image, concurrency, the caller) → its progress:
+# ``Fleet.provision_resolved``.
+Provision = Callable[
+    [ProvisionScope, ResolvedImage, int, Caller | None], AsyncIterator[ProvisionProgress]
+]
 
 
 def in_progress_hold(rack: str) -> str:
@@ -140,7 +144,7 @@ class RackBringUp:
         provision: Provision,
         poke: Callable[[str], None],
         on_capacity: Callable[[], Awaitable[None]],
-        check_image: Callable[[str], Awaitable[object]],
+        check_image: Callable[[str], Awaitable[ResolvedImage]],
     ) -> None:
         self._store = store
         self._nodes = nodes
@@ -156,7 +160,10 @@ class RackBringUp:
 
     # -- checks before anything is done ------------------------------------
 
-    async def _validate(self, request: BringUpRequest) -> tuple[EnrollSpec, ...]:
+    async def _validate(
+        self, request: BringUpRequest
+    ) -> tuple[tuple[EnrollSpec, ...], ResolvedImage | None]:
+        """The members to enrol and the image, verified once (None: inspect)."""
         validate_name("rack", request.rack)
         if request.timeout_s < 0 or request.concurrency < 0:
             raise InvalidArgument("timeout and concurrency must be 0 or more")
@@ -187,30 +194,25 @@ class RackBringUp:
                     f"node {spec.name!r} is enrolled as a {known.kind.value} in rack "
                     f"{known.rack or '(none)'!r}, not a {spec.kind.value} in {request.rack!r}"
                 )
-        trays = {n.name for n in await self._trays(request.rack)}
-        trays |= {s.name for s in specs if s.kind == NodeKind.COMPUTE}
-        if not trays:
+        enrolled = await self._trays(request.rack)
+        if not enrolled and not any(s.kind == NodeKind.COMPUTE for s in specs):
             raise InvalidArgument(
                 f"rack {request.rack!r} has no compute trays: name them in the members"
             )
-        for node in await self._trays(request.rack):
+        for node in enrolled:
             if node.allocation_id:
                 raise FailedPrecondition(
                     f"tray {node.name!r} is held by allocation {node.allocation_id}; "
                     "release it before bringing the rack up"
                 )
-        if request.image:
-            await self._check_image(request.image)
-        return tuple(specs)
+        image = await self._check_image(request.image) if request.image else None
+        return tuple(specs), image
 
     async def _trays(self, rack: str) -> list[NodeRecord]:
-        view = await self._nodes.loaded()
-        return sorted(
-            (n for n in view.all() if n.rack == rack and n.kind == NodeKind.COMPUTE),
-            key=lambda n: n.name,
-        )
+        return await self._members(rack, NodeKind.COMPUTE)
 
     async def _members(self, rack: str, kind: NodeKind) -> list[NodeRecord]:
+        """The rack's nodes of ``kind``, by name (compute trays: ``_trays``)."""
         view = await self._nodes.loaded()
         return sorted(
             (n for n in view.all() if n.rack == rack and n.kind == kind), key=lambda n: n.name
@@ -234,14 +236,18 @@ class RackBringUp:
             raise FailedPrecondition(f"rack {rack!r} is already being brought up")
         self._running.add(rack)
         try:
-            specs = await self._validate(request)
-            async for line in self._run(request, specs, by):
+            specs, image = await self._validate(request)
+            async for line in self._run(request, specs, image, by):
                 yield line
         finally:
             self._running.discard(rack)
 
     async def _run(
-        self, request: BringUpRequest, specs: Sequence[EnrollSpec], by: Caller | None
+        self,
+        request: BringUpRequest,
+        specs: Sequence[EnrollSpec],
+        image: ResolvedImage | None,
+        by: Caller | None,
     ) -> AsyncIterator[BringUpLine]:
         rack = request.rack
         started = time.monotonic()
@@ -279,8 +285,8 @@ class RackBringUp:
                 async for out in self._power_group(rack, kind, deadline, failures, line):
                     yield out
             trays = [n.name for n in await self._trays(rack)]
-            if request.image:
-                async for out in self._provision_trays(request, trays, failures, line, by):
+            if image is not None:
+                async for out in self._provision_trays(request, image, trays, failures, line, by):
                     yield out
             ready_at: dict[str, float] = {}
             async for out in self._settle(rack, trays, deadline, failures, ready_at, line):
@@ -398,6 +404,7 @@ class RackBringUp:
     async def _provision_trays(
         self,
         request: BringUpRequest,
+        image: ResolvedImage,
         trays: Sequence[str],
         failures: dict[str, str],
         line: Callable[..., BringUpLine],
@@ -405,7 +412,7 @@ class RackBringUp:
     ) -> AsyncIterator[BringUpLine]:
         concurrency = request.concurrency or len(trays)
         scope = ProvisionScope(rack=request.rack)
-        async for p in self._provision(scope, request.image, concurrency, by):
+        async for p in self._provision(scope, image, concurrency, by):
             if p.node not in trays:
                 continue
             if not p.ok:
