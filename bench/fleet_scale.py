@@ -248,6 +248,9 @@ def start_controller(
         # silent agents, which would start BMC thermal reads.
         "--agent-silent-after", f"{max(60.0, 6 * interval):g}",
         "--max-requests-per-second-per-client", "1000000",
+        # The generators answer only reset_gpus; DCGM and nvbandwidth runs
+        # (the intake checks) are not what this measures.
+        "--checks", args.checks,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -902,7 +905,7 @@ async def amain(args: argparse.Namespace) -> int:
             else ""
         )
         + f"; {args.generators} generator processes; power sync every "
-        f"{args.power_sync_interval:g} s; ListNodes paging "
+        f"{args.power_sync_interval:g} s; intake checks {args.checks}; ListNodes paging "
         + ("on" if PAGING and _NEXT else "absent (plain ListNodes)")
     )
     log_dir = Path(args.log_dir) if args.log_dir else None
@@ -951,6 +954,12 @@ def main() -> int:
         help="stop waiting for ready nodes after this long without progress",
     )
     parser.add_argument("--bmc", choices=["responder", "dead"], default="responder")
+    parser.add_argument(
+        "--checks",
+        default="off",
+        help="the controller's --checks (default off: the generators run no DCGM or "
+        "nvbandwidth, so the intake checks would quarantine every node)",
+    )
     parser.add_argument(
         "--power-sync-interval",
         type=float,

@@ -208,7 +208,9 @@ class StoreWriter:
         from controller.store.sql_store import SqlTx
 
         with Session(self.engine, expire_on_commit=False) as session:
-            fill(SqlTx(session, self.secrets))
+            tx = SqlTx(session, self.secrets)
+            fill(tx)
+            tx.events.flush()  # events go in as one INSERT at the end of a unit
             session.commit()
 
     def close(self) -> None:

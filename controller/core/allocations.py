@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from controller.core.admission import awaiting_inspection, might_fit_once_inspected, never_admitted
+from controller.core.allocation_view import AllocationView
 from controller.core.errors import (
     AlreadyExists,
     DuplicateKey,
@@ -211,6 +212,22 @@ class Allocations:
         # What held nodes went through, per allocation (``report``).
         self.job_health = JobHealth()
         nodes.live.listen(self._observe)
+        # Open allocations in memory (``allocation_view.py``): the queue and
+        # the answers to create/release/get, without a store read.
+        self.view = AllocationView()
+        store.on_allocations_committed(self.view.committed)
+        self._loading = asyncio.Lock()
+
+    async def loaded(self) -> AllocationView:
+        """The in-memory view, read from the store on first use (``Fleet.start``
+        does it; concurrent first callers share one read)."""
+        if self.view.ready:
+            return self.view
+        async with self._loading:
+            if not self.view.ready:
+                self.view.begin_load()
+                self.view.install(await self._store.read(lambda tx: tx.allocations.find(OPEN)))
+        return self.view
 
     def _observe(self, node: str, health: HealthReport, at: float) -> None:
         """A node's report landed: tally it if an allocation holds the node.
@@ -221,6 +238,9 @@ class Allocations:
 
     async def get(self, ident: str) -> AllocationInfo:
         """By id or idempotency key. Raises NotFound."""
+        held = (await self.loaded()).get(ident)
+        if held is not None:
+            return allocation_info(held)
 
         def query(tx: Tx) -> AllocationInfo:
             alloc = tx.allocations.get(ident) or tx.allocations.by_key(ident)
@@ -231,9 +251,10 @@ class Allocations:
         return await self._store.read(query)
 
     async def query(self, *, include_released: bool = False) -> list[AllocationInfo]:
-        states = None if include_released else OPEN
+        if not include_released:
+            return [allocation_info(a) for a in (await self.loaded()).open()]
         return await self._store.read(
-            lambda tx: [allocation_info(a) for a in tx.allocations.find(states)]
+            lambda tx: [allocation_info(a) for a in tx.allocations.find()]
         )
 
     def _snapshot(self, specs: Iterable[NodeSpec]) -> Topology:
@@ -270,10 +291,18 @@ class Allocations:
         key = key or uuid.uuid4().hex
         if len(key) > 128:
             raise InvalidArgument("idempotency key longer than 128 characters")
-        existing = await self._by_key(key)
-        if existing is not None:
+        # The view holds every open and recently closed allocation; an older
+        # one with this key is caught by the store's unique key below.
+        held = (await self.loaded()).by_key(key)
+        if held is not None:
+            return self._same_or_conflict(allocation_info(held), key, spec)
+        try:
+            await self._refuse_if_never_fits(spec)
+        except FailedPrecondition:
+            existing = await self._by_key(key)  # an old request that fit then
+            if existing is None:
+                raise
             return self._same_or_conflict(existing, key, spec)
-        await self._refuse_if_never_fits(spec)
 
         def write(tx: Tx) -> str:
             now = time.time()
@@ -442,9 +471,10 @@ class Allocations:
 
     async def _schedule(self) -> None:
         started = time.monotonic()
-        active, pending = await self._store.read(self._open_allocations)
-        if not pending:
+        view = await self.loaded()
+        if not view.pending():
             return
+        active, pending = self._open_allocations(view.open())
         nodes = await self._nodes.records()
         topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in computes(nodes))
         gpus = {n.name: n.gpu_count for n in nodes}
@@ -491,9 +521,10 @@ class Allocations:
         return waiting, rejected
 
     @staticmethod
-    def _open_allocations(tx: Tx) -> tuple[list[AllocationRecord], list[AllocationRecord]]:
+    def _open_allocations(
+        allocs: Sequence[AllocationRecord],
+    ) -> tuple[list[AllocationRecord], list[AllocationRecord]]:
         """The allocations holding nodes, and those waiting, in queue order."""
-        allocs = tx.allocations.find(OPEN)
         holding = [a for a in allocs if a.state in HOLDING]
         return holding, [a for a in allocs if a.state == A.PENDING]
 
@@ -578,7 +609,7 @@ class Allocations:
         other booking, under the scheduling lock.
         """
         async with self._lock:
-            active, _ = await self._store.read(self._open_allocations)
+            active, _ = self._open_allocations((await self.loaded()).open())
             nodes = await self._nodes.records()
             holder = next((a for a in active if node in a.members), None)
             if holder is None:

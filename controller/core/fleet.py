@@ -230,6 +230,7 @@ class Fleet:
 
     async def start(self) -> None:
         await self.nodes.loaded()  # the fleet in memory before the loops read it
+        await self.allocations.loaded()
         # Caps count what the rules took down before this controller started.
         await self.policies.restore()
         self.live.start()

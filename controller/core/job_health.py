@@ -491,20 +491,23 @@ def build_report(
 # -- in the store: written with the release, read back by allocation --------------
 
 
+_REPLACEMENT_KINDS = frozenset(
+    {str(EventKind.ALLOCATION_NODE_REPLACED), str(EventKind.ALLOCATION_DEGRADED)}
+)
+
+
 def record_report(
     tx: Tx, alloc: AllocationRecord, taken: JobSnapshot, *, held: bool, tracking_since: float
 ) -> AllocationReport:
     """Record the ``allocation.health_report`` of ``alloc``, being released in
     this transaction (``alloc.updated_at`` is its release); returns it.
     Replacements come from the allocation's own replacement events."""
-
-    def mine(e: EventInfo) -> bool:
-        return e.allocation == alloc.id
-
-    since = alloc.created_at
-    replaced = tx.events.latest(
-        EventKind.ALLOCATION_NODE_REPLACED, since_at=since, where=mine
-    ) + tx.events.latest(EventKind.ALLOCATION_DEGRADED, since_at=since, where=mine)
+    # The allocation's own events, by its index, in one read: a handful.
+    replaced = [
+        e
+        for e in tx.events.since(0, allocation=alloc.id, limit=100_000)
+        if e.kind in _REPLACEMENT_KINDS
+    ]
     report = build_report(
         alloc.id,
         taken,

@@ -14,7 +14,7 @@ together or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from controller.core.health import HealthReport, HealthSample
@@ -173,10 +173,11 @@ class EventRepository(Protocol):
         since_at: float = 0.0,
         limit: int = 500,
         node: str = "",
+        allocation: str = "",
         where: Callable[[EventInfo], bool] | None = None,
     ) -> list[EventInfo]:
-        """The newest ``limit`` events of ``kind`` (of ``node``, if given: in
-        the query, by its index) recorded at or after ``since_at`` that
+        """The newest ``limit`` events of ``kind`` (of ``node`` or
+        ``allocation``, if given: in the query, by its index) recorded at or after ``since_at`` that
         ``where`` accepts (all, without it), oldest first.
 
         Reads newest first and stops at ``limit`` matches.
@@ -244,6 +245,14 @@ class Store(Protocol):
     def on_nodes_committed(self, listener: Callable[[NodeChanges], None]) -> None:
         """Call ``listener`` (on the event loop) with what each commit saved
         of nodes, in commit order, before the committing caller resumes."""
+        ...
+
+    def on_allocations_committed(
+        self, listener: Callable[[Mapping[str, AllocationRecord]], None]
+    ) -> None:
+        """Call ``listener`` (on the event loop) with each allocation a commit
+        added or saved, as of its last save there, by id; in commit order,
+        before the committing caller resumes."""
         ...
 
     def close(self) -> None: ...

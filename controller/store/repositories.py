@@ -13,10 +13,12 @@ import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
-from sqlalchemy import and_, func, or_
-from sqlmodel import Session, col, select, update
+from sqlalchemy import and_, func, insert, or_
+from sqlmodel import Session, SQLModel, col, select, update
 
+from controller.core.allocation_view import frozen_copy
 from controller.core.health import GpuHealth, HealthReport, HealthSample
 from controller.core.identity import Role, TokenRecord
 from controller.core.kinds import EventKind
@@ -122,18 +124,27 @@ def node_record(row: NodeRow, *, with_health: bool = True) -> NodeRecord:
     )
 
 
+def _set_changed(row: SQLModel, values: dict[str, Any]) -> None:
+    """Set only the columns whose value differs: SQLModel's attribute setter
+    costs microseconds each, and a save usually changes two or three of a
+    row's thirty columns (the UPDATE names only those either way)."""
+    for name, value in values.items():
+        if getattr(row, name) != value:
+            setattr(row, name, value)
+
+
 def _copy_node(node: NodeRecord, row: NodeRow) -> None:
-    for name in _NODE_PLAIN:
-        setattr(row, name, getattr(node, name))
-    row.state = node.state.value
-    row.power = node.power.value
-    row.expected_power = node.expected_power.value if node.expected_power else ""
-    row.drain_target = node.drain_target.value if node.drain_target else ""
-    row.allocation_profile = node.allocation_profile or ""
-    row.kind = node.kind.value
-    row.provision_json = (
+    values = {name: getattr(node, name) for name in _NODE_PLAIN}
+    values["state"] = node.state.value
+    values["power"] = node.power.value
+    values["expected_power"] = node.expected_power.value if node.expected_power else ""
+    values["drain_target"] = node.drain_target.value if node.drain_target else ""
+    values["allocation_profile"] = node.allocation_profile or ""
+    values["kind"] = node.kind.value
+    values["provision_json"] = (
         json.dumps(node.provision.to_dict(), sort_keys=True) if node.provision else ""
     )
+    _set_changed(row, values)
 
 
 def _provision(text: str) -> ProvisionOp | None:
@@ -166,19 +177,24 @@ def allocation_record(row: AllocationRow) -> AllocationRecord:
 
 
 def _copy_allocation(alloc: AllocationRecord, row: AllocationRow) -> None:
-    row.key = alloc.key
-    row.spec_json = json.dumps(alloc.spec.to_dict(), sort_keys=True)
-    row.state = alloc.state.value
-    row.reason = alloc.reason
-    row.nodes_json = json.dumps(alloc.nodes)
-    row.spares_json = json.dumps(alloc.spares)
-    row.domains_json = json.dumps(alloc.domains)
-    row.queue = alloc.spec.queue or "default"
-    row.priority = alloc.spec.priority
-    row.submitted = alloc.submitted
-    row.created_at = alloc.created_at
-    row.updated_at = alloc.updated_at
-    row.created_by = alloc.created_by
+    _set_changed(
+        row,
+        {
+            "key": alloc.key,
+            "spec_json": json.dumps(alloc.spec.to_dict(), sort_keys=True),
+            "state": alloc.state.value,
+            "reason": alloc.reason,
+            "nodes_json": json.dumps(alloc.nodes),
+            "spares_json": json.dumps(alloc.spares),
+            "domains_json": json.dumps(alloc.domains),
+            "queue": alloc.spec.queue or "default",
+            "priority": alloc.spec.priority,
+            "submitted": alloc.submitted,
+            "created_at": alloc.created_at,
+            "updated_at": alloc.updated_at,
+            "created_by": alloc.created_by,
+        },
+    )
 
 
 _EVENT_PLAIN = tuple(f.name for f in dataclasses.fields(EventInfo) if f.name not in ("seq", "data"))
@@ -390,6 +406,9 @@ class SqlNodes:
 class SqlAllocations:
     def __init__(self, session: Session) -> None:
         self._session = session
+        # Each allocation added or saved, as of its last save: what the
+        # commit tells the in-memory view (``core/allocation_view.py``).
+        self.saved: dict[str, AllocationRecord] = {}
 
     def get(self, ident: str) -> AllocationRecord | None:
         row = self._session.get(AllocationRow, ident)
@@ -426,6 +445,7 @@ class SqlAllocations:
         row = AllocationRow(id=allocation.id, key=allocation.key, spec_json="{}")
         _copy_allocation(allocation, row)
         self._session.add(row)
+        self.saved[allocation.id] = frozen_copy(allocation)
 
     def save(self, allocation: AllocationRecord) -> None:
         row = self._session.get(AllocationRow, allocation.id)
@@ -433,26 +453,45 @@ class SqlAllocations:
             raise KeyError(f"allocation {allocation.id!r} was never added")
         _copy_allocation(allocation, row)
         self._session.add(row)
+        self.saved[allocation.id] = frozen_copy(allocation)
 
     def last_submitted(self) -> int:
         last = self._session.exec(select(func.max(AllocationRow.submitted))).first()
         return int(last or 0)
 
 
+_EVENTS = EventRow.__table__  # type: ignore[attr-defined]
+
+
 class SqlEvents:
+    """Events are written as plain rows in one INSERT per unit of work (not
+    ORM objects: a create/release cycle records five or six), sent before
+    any read of events in the same transaction and before it commits."""
+
     def __init__(self, session: Session) -> None:
         self._session = session
+        self._rows: list[dict[str, Any]] = []
         self.added = 0
 
     def add(self, event: NewEvent) -> None:
-        data_json = json.dumps(event.data, sort_keys=True, default=str)
-        plain = {name: getattr(event, name) for name in _EVENT_PLAIN if name != "kind"}
-        self._session.add(EventRow(kind=str(event.kind), data_json=data_json, **plain))
+        row = {name: getattr(event, name) for name in _EVENT_PLAIN}
+        row["kind"] = str(event.kind)
+        row["data_json"] = json.dumps(event.data, sort_keys=True, default=str)
+        row["published"] = False
+        self._rows.append(row)
         self.added += 1
+
+    def flush(self) -> None:
+        """Send the events added so far (the store calls it before commit)."""
+        if self._rows:
+            rows, self._rows = self._rows, []
+            # On the session's connection, past the ORM's bulk machinery.
+            self._session.connection().execute(insert(_EVENTS), rows)
 
     def since(
         self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
     ) -> list[EventInfo]:
+        self.flush()
         stmt = select(EventRow).where(col(EventRow.seq) > after_seq)
         if node:
             stmt = stmt.where(EventRow.node == node)
@@ -462,6 +501,7 @@ class SqlEvents:
         return [event_info(r) for r in self._session.exec(stmt)]
 
     def newest(self, limit: int, *, node: str = "") -> list[EventInfo]:
+        self.flush()
         stmt = select(EventRow)
         if node:
             stmt = stmt.where(EventRow.node == node)
@@ -469,6 +509,7 @@ class SqlEvents:
         return [event_info(r) for r in reversed(list(rows))]
 
     def recent(self, kind: EventKind, since_at: float) -> list[EventInfo]:
+        self.flush()
         stmt = (
             select(EventRow)
             .where(EventRow.kind == str(kind), col(EventRow.at) >= since_at)
@@ -483,11 +524,15 @@ class SqlEvents:
         since_at: float = 0.0,
         limit: int = 500,
         node: str = "",
+        allocation: str = "",
         where: Callable[[EventInfo], bool] | None = None,
     ) -> list[EventInfo]:
+        self.flush()
         stmt = select(EventRow).where(EventRow.kind == str(kind), col(EventRow.at) >= since_at)
         if node:
             stmt = stmt.where(EventRow.node == node)
+        if allocation:
+            stmt = stmt.where(EventRow.allocation == allocation)
         stmt = stmt.order_by(col(EventRow.seq).desc()).execution_options(yield_per=200)
         found: list[EventInfo] = []
         for row in self._session.exec(stmt):
@@ -501,12 +546,14 @@ class SqlEvents:
 
     def backlog(self) -> tuple[int, float | None]:
         """Unpublished events: how many, and when the oldest was recorded."""
+        self.flush()
         pending = col(EventRow.published).is_(False)
         count = self._session.exec(select(func.count()).select_from(EventRow).where(pending)).one()
         oldest = self._session.exec(select(func.min(EventRow.at)).where(pending)).one()
         return int(count or 0), (float(oldest) if oldest is not None else None)
 
     def unpublished(self, limit: int) -> list[EventRow]:
+        self.flush()
         stmt = (
             select(EventRow)
             .where(col(EventRow.published).is_(False))

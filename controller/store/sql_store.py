@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ from sqlmodel import Session
 
 from controller.core.errors import DuplicateKey, KilnError, Unavailable
 from controller.core.node_view import NodeChanges
+from controller.core.records import AllocationRecord
 from controller.store.repositories import SqlAllocations, SqlEvents, SqlNodes, SqlTokens
 from controller.store.secrets import SecretBox
 
@@ -47,6 +48,7 @@ class _Outcome:
     events: int = 0
     error: BaseException | None = None
     nodes: NodeChanges | None = None
+    allocations: dict[str, AllocationRecord] | None = None
 
 
 class StoreFailed(KilnError):
@@ -130,6 +132,7 @@ class SqlStore:
         )
         self._listeners: list[Callable[[], None]] = []
         self._node_listeners: list[Callable[[NodeChanges], None]] = []
+        self._allocation_listeners: list[Callable[[Mapping[str, AllocationRecord]], None]] = []
         self._queued: list[tuple[Callable[[SqlTx], Any], asyncio.Future[_Outcome]]] = []
         self._drainer: asyncio.Task[None] | None = None
         self.groups = 0  # group commits so far (more than one unit of work)
@@ -140,12 +143,20 @@ class SqlStore:
     def on_nodes_committed(self, listener: Callable[[NodeChanges], None]) -> None:
         self._node_listeners.append(listener)
 
-    def _run(self, fn: Callable[[SqlTx], T], *, write: bool) -> tuple[T, int, NodeChanges]:
+    def on_allocations_committed(
+        self, listener: Callable[[Mapping[str, AllocationRecord]], None]
+    ) -> None:
+        self._allocation_listeners.append(listener)
+
+    def _run(
+        self, fn: Callable[[SqlTx], T], *, write: bool
+    ) -> tuple[T, int, NodeChanges, dict[str, AllocationRecord]]:
         with Session(self.engine, expire_on_commit=False) as session:
             tx = SqlTx(session, self._secrets)
             try:
                 result = fn(tx)
                 if write:
+                    tx.events.flush()
                     session.commit()
                 # A read ends with the session's close, which rolls back
                 # without expiring what it loaded.
@@ -156,14 +167,14 @@ class SqlStore:
             except (SQLAlchemyError, OverflowError) as e:  # sqlite3 raises OverflowError
                 session.rollback()  # unwrapped for an integer past 64 bits
                 raise _store_error(e) from e
-            return result, tx.events.added, tx.nodes.changes()
+            return result, tx.events.added, tx.nodes.changes(), tx.allocations.saved
 
     def _alone(self, fn: Callable[[SqlTx], Any]) -> _Outcome:
         try:
-            result, events, nodes = self._run(fn, write=True)
+            result, events, nodes, allocations = self._run(fn, write=True)
         except Exception as e:
             return _Outcome(error=e)
-        return _Outcome(result, events, nodes=nodes)
+        return _Outcome(result, events, nodes=nodes, allocations=allocations)
 
     def _run_group(self, fns: list[Callable[[SqlTx], Any]]) -> list[_Outcome]:
         """Run ``fns`` in order in one transaction; on any failure, each alone."""
@@ -175,8 +186,16 @@ class SqlStore:
                 for fn in fns:
                     tx = SqlTx(session, self._secrets)
                     result = fn(tx)
+                    tx.events.flush()
                     session.flush()  # a constraint fails here, at its own unit
-                    outcomes.append(_Outcome(result, tx.events.added, nodes=tx.nodes.changes()))
+                    outcomes.append(
+                        _Outcome(
+                            result,
+                            tx.events.added,
+                            nodes=tx.nodes.changes(),
+                            allocations=tx.allocations.saved,
+                        )
+                    )
                 session.commit()
             except Exception:
                 session.rollback()
@@ -202,6 +221,9 @@ class SqlStore:
                 if outcome.nodes:
                     for listener in self._node_listeners:
                         listener(outcome.nodes)
+                if outcome.allocations:
+                    for allocation_listener in self._allocation_listeners:
+                        allocation_listener(outcome.allocations)
                 if not future.done():
                     future.set_result(outcome)
 
@@ -224,9 +246,7 @@ class SqlStore:
 
     async def read(self, fn: Callable[[SqlTx], T]) -> T:
         loop = asyncio.get_running_loop()
-        result, _, _ = await loop.run_in_executor(
-            self._read_pool, lambda: self._run(fn, write=False)
-        )
+        result, *_ = await loop.run_in_executor(self._read_pool, lambda: self._run(fn, write=False))
         return result
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -164,6 +164,7 @@ class MemoryNodes:
 class MemoryAllocations:
     def __init__(self, state: _State) -> None:
         self._s = state
+        self.saved: dict[str, AllocationRecord] = {}  # for the view, as the SQL store tells it
 
     def get(self, ident: str) -> AllocationRecord | None:
         alloc = self._s.allocations.get(ident)
@@ -196,11 +197,13 @@ class MemoryAllocations:
         if self.by_key(allocation.key) is not None or allocation.id in self._s.allocations:
             raise DuplicateKey(f"allocation key {allocation.key} exists")
         self._s.allocations[allocation.id] = copy.deepcopy(allocation)
+        self.saved[allocation.id] = copy.deepcopy(allocation)
 
     def save(self, allocation: AllocationRecord) -> None:
         if allocation.id not in self._s.allocations:
             raise KeyError(allocation.id)
         self._s.allocations[allocation.id] = copy.deepcopy(allocation)
+        self.saved[allocation.id] = copy.deepcopy(allocation)
 
     def last_submitted(self) -> int:
         return max((a.submitted for a in self._s.allocations.values()), default=0)
@@ -253,12 +256,15 @@ class MemoryEvents:
         since_at: float = 0.0,
         limit: int = 500,
         node: str = "",
+        allocation: str = "",
         where: Callable[[EventInfo], bool] | None = None,
     ) -> list[EventInfo]:
         found = [
             replace(e)
             for e in self.recent(kind, since_at)
-            if (not node or e.node == node) and (where is None or where(e))
+            if (not node or e.node == node)
+            and (not allocation or e.allocation == allocation)
+            and (where is None or where(e))
         ]
         return found[-limit:] if limit > 0 else []
 
@@ -307,10 +313,16 @@ class MemoryStore:
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._node_listeners: list[Callable[[NodeChanges], None]] = []
+        self._allocation_listeners: list[Callable[[Mapping[str, AllocationRecord]], None]] = []
         self.transactions = 0
 
     def on_nodes_committed(self, listener: Callable[[NodeChanges], None]) -> None:
         self._node_listeners.append(listener)
+
+    def on_allocations_committed(
+        self, listener: Callable[[Mapping[str, AllocationRecord]], None]
+    ) -> None:
+        self._allocation_listeners.append(listener)
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -328,6 +340,9 @@ class MemoryStore:
             if changes:
                 for node_listener in self._node_listeners:
                     node_listener(changes)
+            if tx.allocations.saved:
+                for allocation_listener in self._allocation_listeners:
+                    allocation_listener(tx.allocations.saved)
         if tx.events.added:
             for listener in self._listeners:
                 listener()
