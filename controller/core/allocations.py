@@ -203,6 +203,7 @@ class Allocations:
         self._lock = asyncio.Lock()
         self._topology: Topology | None = None
         self._topology_key: tuple[NodeSpec, ...] = ()
+        self._usage: Usage | None = None  # the last pass's bookings, over its topology
         self._generation = 0
         # Whether a spec could ever fit, while the fleet's inventory is as it was.
         self._fits: dict[AllocationSpec, KilnError | None] = {}
@@ -263,9 +264,25 @@ class Allocations:
         key = tuple(sorted(specs, key=lambda n: n.name))
         if self._topology is None or key != self._topology_key:
             self._generation += 1
-            self._topology = Topology.build(key, generation=self._generation)
+            # Under a stream of allocations only which nodes are free to
+            # schedule moves (a released node is releasing, then ready):
+            # the same topology with those flags changed, not a new build.
+            moved = self._topology and self._topology.rescheduled(key, self._generation)
+            self._topology = moved or Topology.build(key, generation=self._generation)
             self._topology_key = key
         return self._topology
+
+    def _usage_of(self, topology: Topology, bookings: list[Booking]) -> Usage:
+        """The bookings over ``topology``, from the last pass's overlay
+        where the topology is the same or only rescheduled."""
+        before = self._usage
+        usage = (
+            before.updated(topology, bookings)
+            if before is not None
+            else Usage.from_bookings(topology, bookings)
+        )
+        self._usage = usage
+        return usage
 
     async def topology(self) -> Topology:
         """The current snapshot of the fleet's topology (for exports)."""
@@ -478,7 +495,7 @@ class Allocations:
         nodes = await self._nodes.records()
         topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in computes(nodes))
         gpus = {n.name: n.gpu_count for n in nodes}
-        usage = Usage.from_bookings(topology, (to_booking(a, gpus) for a in active))
+        usage = self._usage_of(topology, [to_booking(a, gpus) for a in active])
         result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
         specs = {p.id: p.spec for p in pending}
         waiting, rejected = self._verdicts(result.waiting, result.rejected, specs, nodes)

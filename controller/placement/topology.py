@@ -32,6 +32,19 @@ def spine_scope(spine: str) -> str:
     return "spine:" + spine
 
 
+def _same_place(a: NodeSpec, b: NodeSpec) -> bool:
+    """Whether ``a`` and ``b`` differ in nothing but ``schedulable``."""
+    return (a.name, a.gpu_model, a.gpus, a.domain, a.rack, a.leaf, a.spine) == (
+        b.name,
+        b.gpu_model,
+        b.gpus,
+        b.domain,
+        b.rack,
+        b.leaf,
+        b.spine,
+    )
+
+
 class Topology:
     """Immutable snapshot of the fleet's nodes and their place in the tree.
 
@@ -152,6 +165,31 @@ class Topology:
         self._index_scopes()
         return self
 
+    def rescheduled(self, nodes: Iterable[NodeSpec], generation: int) -> Topology | None:
+        """This topology with only which nodes are schedulable changed, as a
+        new generation: the same nodes in the same places, so everything but
+        ``dom_sched`` is shared. None when anything else differs (a node
+        added, removed or moved, its GPUs changed): ``build`` a new one."""
+        spec: dict[str, NodeSpec] = {}
+        old = self._spec
+        for n in nodes:
+            was = old.get(n.name)
+            if was is None or not _same_place(was, n):
+                return None
+            spec[n.name] = n
+        if len(spec) != len(old):
+            return None
+        new = Topology.__new__(Topology)
+        for name in Topology.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.generation = generation
+        new._spec = MappingProxyType(spec)
+        new.dom_sched = tuple(
+            tuple(i for i, name in enumerate(names) if spec[name].schedulable)
+            for names in self.dom_nodes
+        )
+        return new
+
     def _index_scopes(self) -> None:
         scope_doms: dict[tuple[str, str], list[int]] = {}
         tiers: dict[tuple[str, int], list[str]] = {}
@@ -175,6 +213,12 @@ class Topology:
         self.static_whole = MappingProxyType(whole)
 
     # -- read-only accessors -------------------------------------------------
+
+    def changed_domains(self, other: Topology) -> list[int]:
+        """The domains whose schedulable nodes differ from ``other``'s, one of
+        the same shape (``rescheduled``)."""
+        pairs = zip(self.dom_sched, other.dom_sched, strict=True)
+        return [d for d, (a, b) in enumerate(pairs) if a != b]
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -136,6 +136,34 @@ class Usage:
         u._mine = set()
         return u
 
+    def updated(self, topology: Topology, bookings: Iterable[Booking]) -> Usage:
+        """A new overlay holding exactly ``bookings`` over ``topology``: this
+        one's topology or one ``rescheduled`` from it (else it is built from
+        scratch), changed only where they differ from this one, so a
+        scheduling pass costs what changed rather than the fleet's size.
+        Raises like :meth:`from_bookings`."""
+        if topology is not self.topology and (topology.dom_nodes is not self.topology.dom_nodes):
+            return Usage.from_bookings(topology, bookings)
+        wanted = {b.key: b for b in bookings}
+        u = self._clone()
+        for key, held in self._bookings.items():
+            if wanted.get(key) != held:
+                u._remove(key)
+        if topology is not self.topology:
+            u.topology = topology
+            for d in topology.changed_domains(self.topology):
+                old = u.dom[d]
+                sched = topology.dom_sched[d]
+                free = tuple(i for i in sched if old.owners[i] is None)
+                u._index(d, old, -1)
+                u.dom[d] = DomState(old.owners, free, old.booked, old.exclusive)
+                u._index(d, u.dom[d], +1)
+        for key, booking in wanted.items():
+            if key not in u._bookings:
+                u._add(booking)
+        u._mine = set()
+        return u
+
     def rebase(self, topology: Topology) -> Usage:
         """The same bookings over a newer topology generation."""
         return Usage.from_bookings(topology, self._bookings.values())
