@@ -15,11 +15,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from core_builders import Racks
 from core_fakes import FakeBmc
+from store_probes import ReadCountingStore, group_sizes
 
 from controller.core.allocation_view import AllocationView
 from controller.core.errors import AlreadyExists, NotFound
@@ -35,21 +36,6 @@ from controller.store.sql_store import SqlStore
 
 T = TypeVar("T")
 pytestmark = pytest.mark.timeout(60)
-
-
-class ReadCountingStore:
-    """A store that counts the reads made through it."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.reads = 0
-
-    async def read(self, fn: Callable[[Tx], T]) -> T:
-        self.reads += 1
-        return await self.inner.read(fn)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 @pytest.fixture
@@ -128,14 +114,7 @@ async def test_a_failing_unit_in_a_group_commit_leaves_the_others_in_the_view(
                 (await fleet.create_allocation(f"job-{i}", AllocationSpec(nodes=1))).id
                 for i in range(3)
             ]
-            sizes: list[int] = []
-            run_group = store._run_group
-
-            def counted_group(fns: list[Callable[[Tx], Any]]) -> Any:
-                sizes.append(len(fns))
-                return run_group(fns)
-
-            store._run_group = counted_group  # type: ignore[method-assign]
+            sizes = group_sizes(store)
 
             def reason(ident: str, text: str, fail: bool = False) -> Callable[[Tx], None]:
                 def write(tx: Tx) -> None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from core_fakes import FakeBmc
+from store_probes import ReadCountingStore, group_sizes
 
 from controller.core.errors import NotFound
 from controller.core.fleet import Fleet
@@ -28,21 +29,6 @@ from controller.store.engine import default_sqlite_url, open_engine
 from controller.store.sql_store import SqlStore
 
 T = TypeVar("T")
-
-
-class ReadCountingStore:
-    """A store that counts the reads made through it."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.reads = 0
-
-    async def read(self, fn: Callable[[Tx], T]) -> T:
-        self.reads += 1
-        return await self.inner.read(fn)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def spec(i: int, rack: str = "r1") -> EnrollSpec:
@@ -121,14 +107,7 @@ async def test_a_failing_unit_in_a_group_commit_leaves_the_others_in_the_view(
         for i in range(3):
             await fleet.enroll(spec(i))
         await fleet.nodes.loaded()
-        sizes: list[int] = []
-        run_group = store._run_group
-
-        def counted(fns: list[Callable[[Tx], Any]]) -> Any:
-            sizes.append(len(fns))
-            return run_group(fns)
-
-        store._run_group = counted  # type: ignore[method-assign]
+        sizes = group_sizes(store)
 
         def reason(name: str, text: str, fail: bool = False) -> Callable[[Tx], None]:
             def write(tx: Tx) -> None:
