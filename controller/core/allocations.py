@@ -425,7 +425,7 @@ class Allocations:
             if alloc is None or alloc.state in (A.RELEASED, A.FAILED):
                 return False
             held = alloc.state in HOLDING
-            for node in tx.nodes.held_by(alloc.id):
+            for node in tx.nodes.held_by(alloc.id, with_health=False):
                 node.allocation_id = ""
                 # Still preparing for the allocation: go to the node's own baseline.
                 node.allocation_profile = None
@@ -560,7 +560,8 @@ class Allocations:
             alloc = tx.allocations.get(ident)
             if alloc is None or alloc.state != A.PENDING:
                 continue
-            members = [tx.nodes.get(n) for n in placement.nodes + placement.spares]
+            names = placement.nodes + placement.spares
+            members = [tx.nodes.get(n, with_health=False) for n in names]
             free = [
                 m
                 for m in members
@@ -654,7 +655,7 @@ class Allocations:
         reason: str,
     ) -> None:
         alloc = tx.allocations.get(ident)
-        failed_node = tx.nodes.get(failed)
+        failed_node = tx.nodes.get(failed, with_health=False)
         if alloc is None or failed_node is None:
             return
         failed_node.allocation_id = ""
@@ -670,7 +671,7 @@ class Allocations:
             nodes, spares = list(outcome.nodes), list(outcome.spares)
             added = (set(nodes) | set(spares)) - (set(before.nodes) | set(before.spares))
             for name in added:
-                fresh = tx.nodes.get(name)
+                fresh = tx.nodes.get(name, with_health=False)
                 if (
                     fresh is None
                     or fresh.allocation_id

@@ -29,7 +29,11 @@ T = TypeVar("T")
 
 
 class NodeRepository(Protocol):
-    def get(self, name: str) -> NodeRecord | None: ...
+    def get(self, name: str, *, with_health: bool = True) -> NodeRecord | None:
+        """The node as stored; ``with_health=False`` leaves ``health`` None
+        (not read: a write that moves the node needs none, the latest report
+        lives in memory)."""
+        ...
 
     def find(
         self, *, rack: str = "", state: NodeState | None = None, with_health: bool = True
@@ -54,8 +58,8 @@ class NodeRepository(Protocol):
         listing (``controller.core.paging``), never read at an offset."""
         ...
 
-    def held_by(self, allocation: str) -> list[NodeRecord]:
-        """The nodes booked to ``allocation``."""
+    def held_by(self, allocation: str, *, with_health: bool = True) -> list[NodeRecord]:
+        """The nodes booked to ``allocation`` (``with_health`` as for ``get``)."""
         ...
 
     def find_by_bmc_url(self, url: str) -> list[NodeRecord]:

@@ -14,8 +14,10 @@ from controller.core.states import NodeState, check_transition
 
 
 def load_node(tx: Tx, name: str) -> NodeRecord:
-    """Raises NotFound when no node has that name."""
-    node = tx.nodes.get(name)
+    """The node, to change in ``tx`` (without its health: the latest report
+    lives in memory, and a save never writes it). Raises NotFound when no
+    node has that name."""
+    node = tx.nodes.get(name, with_health=False)
     if node is None:
         raise NotFound(kind="node", name=name)
     return node

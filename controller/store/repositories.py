@@ -15,8 +15,10 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from sqlalchemy import and_, func, insert, or_
-from sqlmodel import Session, SQLModel, col, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_
+from sqlalchemy import select as core_select
+from sqlalchemy.engine import Connection
+from sqlmodel import Session, col, select, update
 
 from controller.core.allocation_view import frozen_copy
 from controller.core.health import GpuHealth, HealthReport, HealthSample
@@ -110,30 +112,25 @@ _NODE_PLAIN = (
 _POWER_STATES = frozenset(s.value for s in PowerState)
 
 
-def node_record(row: NodeRow, *, with_health: bool = True) -> NodeRecord:
+def node_record(row: Any, *, with_health: bool = True) -> NodeRecord:
+    """The record of a node row: an ORM ``NodeRow`` or a Core row's mapping."""
+    get = row.__getitem__ if isinstance(row, dict) else row.__getattribute__
     return NodeRecord(
-        **{name: getattr(row, name) for name in _NODE_PLAIN},
-        state=NodeState(row.state),
-        power=PowerState(row.power) if row.power in _POWER_STATES else PowerState.UNKNOWN,
-        expected_power=PowerState(row.expected_power) if row.expected_power else None,
-        health=health_from_json(row.health_json) if with_health else None,
-        drain_target=NodeState(row.drain_target) if row.drain_target else None,
-        allocation_profile=row.allocation_profile or None,
-        provision=_provision(row.provision_json),
-        kind=NodeKind(row.kind or NodeKind.COMPUTE),
+        **{name: get(name) for name in _NODE_PLAIN},
+        state=NodeState(get("state")),
+        power=PowerState(get("power")) if get("power") in _POWER_STATES else PowerState.UNKNOWN,
+        expected_power=PowerState(get("expected_power")) if get("expected_power") else None,
+        health=health_from_json(get("health_json")) if with_health else None,
+        drain_target=NodeState(get("drain_target")) if get("drain_target") else None,
+        allocation_profile=get("allocation_profile") or None,
+        provision=_provision(get("provision_json")),
+        kind=NodeKind(get("kind") or NodeKind.COMPUTE),
     )
 
 
-def _set_changed(row: SQLModel, values: dict[str, Any]) -> None:
-    """Set only the columns whose value differs: SQLModel's attribute setter
-    costs microseconds each, and a save usually changes two or three of a
-    row's thirty columns (the UPDATE names only those either way)."""
-    for name, value in values.items():
-        if getattr(row, name) != value:
-            setattr(row, name, value)
-
-
-def _copy_node(node: NodeRecord, row: NodeRow) -> None:
+def _node_values(node: NodeRecord) -> dict[str, Any]:
+    """The node's columns as stored, but its password and health (each
+    has a writer of its own)."""
     values = {name: getattr(node, name) for name in _NODE_PLAIN}
     values["state"] = node.state.value
     values["power"] = node.power.value
@@ -144,7 +141,13 @@ def _copy_node(node: NodeRecord, row: NodeRow) -> None:
     values["provision_json"] = (
         json.dumps(node.provision.to_dict(), sort_keys=True) if node.provision else ""
     )
-    _set_changed(row, values)
+    return values
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The columns of ``after`` whose value differs from ``before``: a save
+    usually changes two or three of a row's thirty columns."""
+    return {name: value for name, value in after.items() if before.get(name) != value}
 
 
 def _provision(text: str) -> ProvisionOp | None:
@@ -159,48 +162,50 @@ def gpu_info(row: GpuRow) -> GpuInfo:
     return GpuInfo(**{f.name: getattr(row, f.name) for f in dataclasses.fields(GpuInfo)})
 
 
-def allocation_record(row: AllocationRow) -> AllocationRecord:
+def allocation_record(row: Any) -> AllocationRecord:
+    """The record of an allocation row: an ORM ``AllocationRow`` or a Core
+    row's mapping."""
+    get = row.__getitem__ if isinstance(row, dict) else row.__getattribute__
     return AllocationRecord(
-        id=row.id,
-        key=row.key,
-        spec=AllocationSpec.from_dict(json.loads(row.spec_json)),
-        state=AllocationState(row.state),
-        reason=row.reason,
-        nodes=_names(row.nodes_json),
-        spares=_names(row.spares_json),
-        domains=_names(row.domains_json),
-        submitted=row.submitted,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        created_by=row.created_by,
+        id=get("id"),
+        key=get("key"),
+        spec=AllocationSpec.from_dict(json.loads(get("spec_json"))),
+        state=AllocationState(get("state")),
+        reason=get("reason"),
+        nodes=_names(get("nodes_json")),
+        spares=_names(get("spares_json")),
+        domains=_names(get("domains_json")),
+        submitted=get("submitted"),
+        created_at=get("created_at"),
+        updated_at=get("updated_at"),
+        created_by=get("created_by"),
     )
 
 
-def _copy_allocation(alloc: AllocationRecord, row: AllocationRow) -> None:
-    _set_changed(
-        row,
-        {
-            "key": alloc.key,
-            "spec_json": json.dumps(alloc.spec.to_dict(), sort_keys=True),
-            "state": alloc.state.value,
-            "reason": alloc.reason,
-            "nodes_json": json.dumps(alloc.nodes),
-            "spares_json": json.dumps(alloc.spares),
-            "domains_json": json.dumps(alloc.domains),
-            "queue": alloc.spec.queue or "default",
-            "priority": alloc.spec.priority,
-            "submitted": alloc.submitted,
-            "created_at": alloc.created_at,
-            "updated_at": alloc.updated_at,
-            "created_by": alloc.created_by,
-        },
-    )
+def _allocation_values(alloc: AllocationRecord) -> dict[str, Any]:
+    return {
+        "id": alloc.id,
+        "key": alloc.key,
+        "spec_json": json.dumps(alloc.spec.to_dict(), sort_keys=True),
+        "state": alloc.state.value,
+        "reason": alloc.reason,
+        "nodes_json": json.dumps(alloc.nodes),
+        "spares_json": json.dumps(alloc.spares),
+        "domains_json": json.dumps(alloc.domains),
+        "queue": alloc.spec.queue or "default",
+        "priority": alloc.spec.priority,
+        "submitted": alloc.submitted,
+        "created_at": alloc.created_at,
+        "updated_at": alloc.updated_at,
+        "created_by": alloc.created_by,
+    }
 
 
 _EVENT_PLAIN = tuple(f.name for f in dataclasses.fields(EventInfo) if f.name not in ("seq", "data"))
 
 
-def event_info(row: EventRow) -> EventInfo:
+def event_info(row: Any) -> EventInfo:
+    """The event of an ORM ``EventRow`` or a Core row."""
     return EventInfo(
         seq=int(row.seq or 0),
         data=json.loads(row.data_json or "{}"),
@@ -226,15 +231,54 @@ def _copy_token(token: TokenRecord, row: TokenRow) -> None:
 _IN_CHUNK = 900  # names bound in one IN (...): under SQLite's oldest limit of 999
 
 
+# Nodes and allocations are read and written through SQLAlchemy Core, with
+# statements built once: the ORM's identity map and unit of work cost several
+# times the statement itself, and every scheduling pass, admission and release
+# reads and saves them. Each repository keeps the columns it last read or
+# wrote per row (``_stored``), so a save sends only what changed.
+_NODES = NodeRow.__table__  # type: ignore[attr-defined]
+_ALLOCATIONS = AllocationRow.__table__  # type: ignore[attr-defined]
+_NODE_COLUMNS = tuple(c for c in _NODES.c if c.name != "bmc_password")
+_NODE_BARE = tuple(c for c in _NODE_COLUMNS if c.name != "health_json")
+_NODE_SELECT = {True: core_select(*_NODE_COLUMNS), False: core_select(*_NODE_BARE)}
+_NODE_BY_NAME = {
+    health: stmt.where(_NODES.c.name == bindparam("b_name"))
+    for health, stmt in _NODE_SELECT.items()
+}
+_NODES_HELD_BY = {
+    health: stmt.where(_NODES.c.allocation_id == bindparam("b_allocation")).order_by(_NODES.c.name)
+    for health, stmt in _NODE_SELECT.items()
+}
+_NODE_PASSWORD = core_select(_NODES.c.bmc_password).where(_NODES.c.name == bindparam("b_name"))
+# SET names the columns of the parameters given (the changed ones).
+_NODE_UPDATE = update(_NODES).where(_NODES.c.name == bindparam("b_name"))
+_NODE_INSERT = insert(_NODES)
+_NODE_DELETE = delete(_NODES).where(_NODES.c.name == bindparam("b_name"))
+_ALLOCATION_SELECT = core_select(_ALLOCATIONS)
+_ALLOCATION_BY_ID = _ALLOCATION_SELECT.where(_ALLOCATIONS.c.id == bindparam("b_id"))
+_ALLOCATION_BY_KEY = _ALLOCATION_SELECT.where(_ALLOCATIONS.c.key == bindparam("b_key"))
+_ALLOCATION_UPDATE = update(_ALLOCATIONS).where(_ALLOCATIONS.c.id == bindparam("b_id"))
+_ALLOCATION_INSERT = insert(_ALLOCATIONS)
+_LAST_SUBMITTED = core_select(func.max(_ALLOCATIONS.c.submitted))
+
+
 class SqlNodes:
     def __init__(self, session: Session, secrets: SecretBox) -> None:
         self._session = session
         self._secrets = secrets
+        self._connection: Connection | None = None
+        self._stored: dict[str, dict[str, Any]] = {}  # columns as last read or written
         # What this transaction saved, for the in-memory view once it commits
         # (``controller.core.node_view``): each record as of its last save.
         self._saved: dict[str, NodeRecord] = {}
         self._gpus_set: dict[str, tuple[GpuInfo, ...]] = {}
         self._removed: set[str] = set()
+
+    def _execute(self, statement: Any, params: Any = None) -> Any:
+        """On the session's own connection (its transaction), past the ORM."""
+        if self._connection is None:
+            self._connection = self._session.connection()
+        return self._connection.execute(statement, params)
 
     def changes(self) -> NodeChanges:
         return NodeChanges(saved=self._saved, gpus=self._gpus_set, removed=frozenset(self._removed))
@@ -245,10 +289,8 @@ class SqlNodes:
         for token in self._session.exec(select(TokenRow).where(TokenRow.node == name)):
             self._session.delete(token)  # its agent's tokens go with it
         self._session.flush()
-        row = self._row(name)
-        if row is not None:
-            self._session.delete(row)
-            self._session.flush()
+        self._execute(_NODE_DELETE, {"b_name": name})
+        self._stored.pop(name, None)
         self._saved.pop(name, None)
         self._gpus_set.pop(name, None)
         self._removed.add(name)
@@ -257,23 +299,29 @@ class SqlNodes:
         # Health is not the view's: the latest lives in memory (core/live.py).
         self._saved[node.name] = dataclasses.replace(node, health=None)
 
-    def _row(self, name: str) -> NodeRow | None:
-        return self._session.get(NodeRow, name)
+    def _records(self, rows: Any, *, with_health: bool = True) -> list[NodeRecord]:
+        found = []
+        for row in rows:
+            values = row._asdict()
+            self._stored[values["name"]] = values
+            found.append(node_record(values, with_health=with_health))
+        return found
 
-    def get(self, name: str) -> NodeRecord | None:
-        row = self._row(name)
-        return node_record(row) if row is not None else None
+    def get(self, name: str, *, with_health: bool = True) -> NodeRecord | None:
+        rows = self._execute(_NODE_BY_NAME[with_health], {"b_name": name})
+        found = self._records(rows, with_health=with_health)
+        return found[0] if found else None
 
     def find(
         self, *, rack: str = "", state: NodeState | None = None, with_health: bool = True
     ) -> list[NodeRecord]:
-        stmt = select(NodeRow)
+        stmt = _NODE_SELECT[with_health]
         if rack:
-            stmt = stmt.where(NodeRow.rack == rack)
+            stmt = stmt.where(_NODES.c.rack == rack)
         if state is not None:
-            stmt = stmt.where(NodeRow.state == state.value)
-        rows = self._session.exec(stmt.order_by(col(NodeRow.name)))
-        return [node_record(r, with_health=with_health) for r in rows]
+            stmt = stmt.where(_NODES.c.state == state.value)
+        rows = self._execute(stmt.order_by(_NODES.c.name))
+        return self._records(rows, with_health=with_health)
 
     def page(
         self,
@@ -286,57 +334,58 @@ class SqlNodes:
         allocation: str = "",
     ) -> list[NodeRecord]:
         # Keyset on the primary key: WHERE name > :after ORDER BY name LIMIT :n.
-        stmt = select(NodeRow).where(col(NodeRow.name) > after)
+        stmt = _NODE_SELECT[True].where(_NODES.c.name > after)
         if rack:
-            stmt = stmt.where(NodeRow.rack == rack)
+            stmt = stmt.where(_NODES.c.rack == rack)
         if state is not None:
-            stmt = stmt.where(NodeRow.state == state.value)
+            stmt = stmt.where(_NODES.c.state == state.value)
         if gpu_model:
-            stmt = stmt.where(NodeRow.gpu_model == gpu_model)
+            stmt = stmt.where(_NODES.c.gpu_model == gpu_model)
         if allocation:
-            stmt = stmt.where(NodeRow.allocation_id == allocation)
-        stmt = stmt.order_by(col(NodeRow.name)).limit(max(0, limit))
-        return [node_record(r) for r in self._session.exec(stmt)]
+            stmt = stmt.where(_NODES.c.allocation_id == allocation)
+        stmt = stmt.order_by(_NODES.c.name).limit(max(0, limit))
+        return self._records(self._execute(stmt))
 
-    def held_by(self, allocation: str) -> list[NodeRecord]:
-        stmt = select(NodeRow).where(NodeRow.allocation_id == allocation)
-        return [node_record(r) for r in self._session.exec(stmt.order_by(col(NodeRow.name)))]
+    def held_by(self, allocation: str, *, with_health: bool = True) -> list[NodeRecord]:
+        rows = self._execute(_NODES_HELD_BY[with_health], {"b_allocation": allocation})
+        return self._records(rows, with_health=with_health)
 
     def find_by_bmc_url(self, url: str) -> list[NodeRecord]:
-        stmt = select(NodeRow).where(NodeRow.bmc_url == url).order_by(col(NodeRow.name))
-        return [node_record(r) for r in self._session.exec(stmt)]
+        stmt = _NODE_SELECT[True].where(_NODES.c.bmc_url == url).order_by(_NODES.c.name)
+        return self._records(self._execute(stmt))
 
     def add(self, node: NodeRecord, bmc_password: str) -> None:
-        row = NodeRow(name=node.name, bmc_url=node.bmc_url)
-        _copy_node(node, row)
-        row.bmc_password = self._secrets.seal(bmc_password)
-        self._session.add(row)
-        self._session.flush()
+        values = _node_values(node)
+        self._execute(
+            _NODE_INSERT,
+            {**values, "bmc_password": self._secrets.seal(bmc_password), "health_json": ""},
+        )
+        self._stored[node.name] = values
         self._keep(node)
 
     def set_credentials(self, node: NodeRecord, username: str, bmc_password: str) -> None:
         node.bmc_username = username
         self.save(node)
-        row = self._row(node.name)
-        assert row is not None  # save raised otherwise
-        row.bmc_password = self._secrets.seal(bmc_password)
+        sealed = self._secrets.seal(bmc_password)
+        self._execute(_NODE_UPDATE, {"b_name": node.name, "bmc_password": sealed})
 
     def save(self, node: NodeRecord) -> None:
-        row = self._row(node.name)
-        if row is None:
-            raise KeyError(f"node {node.name!r} was never added")
-        _copy_node(node, row)
-        self._session.add(row)
+        stored = self._stored.get(node.name)
+        if stored is None:
+            if self.get(node.name, with_health=False) is None:
+                raise KeyError(f"node {node.name!r} was never added")
+            stored = self._stored[node.name]
+        changed = _changed(stored, _node_values(node))
+        if changed:
+            self._execute(_NODE_UPDATE, {"b_name": node.name, **changed})
+            stored.update(changed)
         self._keep(node)
 
     def save_health(self, name: str, health: HealthReport, seen_at: float) -> NodeRecord | None:
-        row = self._row(name)
-        if row is None:
+        values = {"health_json": health_to_json(health), "agent_last_seen": seen_at}
+        if not self._execute(_NODE_UPDATE, {"b_name": name, **values}).rowcount:
             return None
-        row.health_json = health_to_json(health)
-        row.agent_last_seen = seen_at
-        self._session.add(row)
-        return node_record(row)
+        return self.get(name)
 
     def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
         names = [s.node for s in samples]
@@ -354,13 +403,12 @@ class SqlNodes:
         return len(rows)
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:
-        row = self._row(node.name)
-        sealed = row.bmc_password if row is not None else ""
+        sealed = self._execute(_NODE_PASSWORD, {"b_name": node.name}).scalar()
         return BmcTarget(
             node=node.name,
             url=node.bmc_url,
             username=node.bmc_username,
-            password=self._secrets.open(sealed),
+            password=self._secrets.open(sealed or ""),
             insecure=node.bmc_insecure,
             ca_bundle=node.bmc_ca_bundle,
         )
@@ -406,23 +454,38 @@ class SqlNodes:
 class SqlAllocations:
     def __init__(self, session: Session) -> None:
         self._session = session
+        self._connection: Connection | None = None
+        self._stored: dict[str, dict[str, Any]] = {}  # columns as last read or written
         # Each allocation added or saved, as of its last save: what the
         # commit tells the in-memory view (``core/allocation_view.py``).
         self.saved: dict[str, AllocationRecord] = {}
 
+    def _execute(self, statement: Any, params: Any = None) -> Any:
+        if self._connection is None:
+            self._connection = self._session.connection()
+        return self._connection.execute(statement, params)
+
+    def _records(self, rows: Any) -> list[AllocationRecord]:
+        found = []
+        for row in rows:
+            values = row._asdict()
+            self._stored[values["id"]] = values
+            found.append(allocation_record(values))
+        return found
+
     def get(self, ident: str) -> AllocationRecord | None:
-        row = self._session.get(AllocationRow, ident)
-        return allocation_record(row) if row is not None else None
+        found = self._records(self._execute(_ALLOCATION_BY_ID, {"b_id": ident}))
+        return found[0] if found else None
 
     def by_key(self, key: str) -> AllocationRecord | None:
-        row = self._session.exec(select(AllocationRow).where(AllocationRow.key == key)).first()
-        return allocation_record(row) if row is not None else None
+        found = self._records(self._execute(_ALLOCATION_BY_KEY, {"b_key": key}))
+        return found[0] if found else None
 
     def find(self, states: Collection[AllocationState] | None = None) -> list[AllocationRecord]:
-        stmt = select(AllocationRow).order_by(col(AllocationRow.submitted))
+        stmt = _ALLOCATION_SELECT.order_by(_ALLOCATIONS.c.submitted)
         if states is not None:
-            stmt = stmt.where(col(AllocationRow.state).in_([s.value for s in states]))
-        return [allocation_record(r) for r in self._session.exec(stmt)]
+            stmt = stmt.where(_ALLOCATIONS.c.state.in_([s.value for s in states]))
+        return self._records(self._execute(stmt))
 
     def page(
         self,
@@ -433,31 +496,35 @@ class SqlAllocations:
     ) -> list[AllocationRecord]:
         # Keyset on (submitted, id): two allocations may share a queue position.
         submitted, ident = after
-        later = col(AllocationRow.submitted) > submitted
-        same = and_(col(AllocationRow.submitted) == submitted, col(AllocationRow.id) > ident)
-        stmt = select(AllocationRow).where(or_(later, same))
+        table = _ALLOCATIONS.c
+        later = table.submitted > submitted
+        same = and_(table.submitted == submitted, table.id > ident)
+        stmt = _ALLOCATION_SELECT.where(or_(later, same))
         if states is not None:
-            stmt = stmt.where(col(AllocationRow.state).in_([s.value for s in states]))
-        stmt = stmt.order_by(col(AllocationRow.submitted), col(AllocationRow.id))
-        return [allocation_record(r) for r in self._session.exec(stmt.limit(max(0, limit)))]
+            stmt = stmt.where(table.state.in_([s.value for s in states]))
+        stmt = stmt.order_by(table.submitted, table.id).limit(max(0, limit))
+        return self._records(self._execute(stmt))
 
     def add(self, allocation: AllocationRecord) -> None:
-        row = AllocationRow(id=allocation.id, key=allocation.key, spec_json="{}")
-        _copy_allocation(allocation, row)
-        self._session.add(row)
+        values = _allocation_values(allocation)
+        self._execute(_ALLOCATION_INSERT, values)
+        self._stored[allocation.id] = values
         self.saved[allocation.id] = frozen_copy(allocation)
 
     def save(self, allocation: AllocationRecord) -> None:
-        row = self._session.get(AllocationRow, allocation.id)
-        if row is None:
-            raise KeyError(f"allocation {allocation.id!r} was never added")
-        _copy_allocation(allocation, row)
-        self._session.add(row)
+        stored = self._stored.get(allocation.id)
+        if stored is None:
+            if self.get(allocation.id) is None:
+                raise KeyError(f"allocation {allocation.id!r} was never added")
+            stored = self._stored[allocation.id]
+        changed = _changed(stored, _allocation_values(allocation))
+        if changed:
+            self._execute(_ALLOCATION_UPDATE, {"b_id": allocation.id, **changed})
+            stored.update(changed)
         self.saved[allocation.id] = frozen_copy(allocation)
 
     def last_submitted(self) -> int:
-        last = self._session.exec(select(func.max(AllocationRow.submitted))).first()
-        return int(last or 0)
+        return int(self._execute(_LAST_SUBMITTED).scalar() or 0)
 
 
 _EVENTS = EventRow.__table__  # type: ignore[attr-defined]
@@ -488,34 +555,31 @@ class SqlEvents:
             # On the session's connection, past the ORM's bulk machinery.
             self._session.connection().execute(insert(_EVENTS), rows)
 
+    def _read(self, stmt: Any) -> list[EventInfo]:
+        """Plain rows on the session's connection (no ORM objects: a
+        release's report reads its allocation's events)."""
+        self.flush()
+        return [event_info(row) for row in self._session.connection().execute(stmt)]
+
     def since(
         self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
     ) -> list[EventInfo]:
-        self.flush()
-        stmt = select(EventRow).where(col(EventRow.seq) > after_seq)
+        stmt = core_select(_EVENTS).where(_EVENTS.c.seq > after_seq)
         if node:
-            stmt = stmt.where(EventRow.node == node)
+            stmt = stmt.where(_EVENTS.c.node == node)
         if allocation:
-            stmt = stmt.where(EventRow.allocation == allocation)
-        stmt = stmt.order_by(col(EventRow.seq)).limit(limit)
-        return [event_info(r) for r in self._session.exec(stmt)]
+            stmt = stmt.where(_EVENTS.c.allocation == allocation)
+        return self._read(stmt.order_by(_EVENTS.c.seq).limit(limit))
 
     def newest(self, limit: int, *, node: str = "") -> list[EventInfo]:
-        self.flush()
-        stmt = select(EventRow)
+        stmt = core_select(_EVENTS)
         if node:
-            stmt = stmt.where(EventRow.node == node)
-        rows = self._session.exec(stmt.order_by(col(EventRow.seq).desc()).limit(limit))
-        return [event_info(r) for r in reversed(list(rows))]
+            stmt = stmt.where(_EVENTS.c.node == node)
+        return list(reversed(self._read(stmt.order_by(_EVENTS.c.seq.desc()).limit(limit))))
 
     def recent(self, kind: EventKind, since_at: float) -> list[EventInfo]:
-        self.flush()
-        stmt = (
-            select(EventRow)
-            .where(EventRow.kind == str(kind), col(EventRow.at) >= since_at)
-            .order_by(col(EventRow.seq))
-        )
-        return [event_info(r) for r in self._session.exec(stmt)]
+        stmt = core_select(_EVENTS).where(_EVENTS.c.kind == str(kind), _EVENTS.c.at >= since_at)
+        return self._read(stmt.order_by(_EVENTS.c.seq))
 
     def latest(
         self,
@@ -528,14 +592,14 @@ class SqlEvents:
         where: Callable[[EventInfo], bool] | None = None,
     ) -> list[EventInfo]:
         self.flush()
-        stmt = select(EventRow).where(EventRow.kind == str(kind), col(EventRow.at) >= since_at)
+        stmt = core_select(_EVENTS).where(_EVENTS.c.kind == str(kind), _EVENTS.c.at >= since_at)
         if node:
-            stmt = stmt.where(EventRow.node == node)
+            stmt = stmt.where(_EVENTS.c.node == node)
         if allocation:
-            stmt = stmt.where(EventRow.allocation == allocation)
-        stmt = stmt.order_by(col(EventRow.seq).desc()).execution_options(yield_per=200)
+            stmt = stmt.where(_EVENTS.c.allocation == allocation)
+        stmt = stmt.order_by(_EVENTS.c.seq.desc()).execution_options(yield_per=200)
         found: list[EventInfo] = []
-        for row in self._session.exec(stmt):
+        for row in self._session.connection().execute(stmt):
             event = event_info(row)
             if where is None or where(event):
                 found.append(event)

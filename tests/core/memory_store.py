@@ -56,9 +56,14 @@ class MemoryNodes:
     def _keep(self, node: NodeRecord) -> None:
         self.saved[node.name] = replace(copy.deepcopy(node), health=None)
 
-    def get(self, name: str) -> NodeRecord | None:
+    def get(self, name: str, *, with_health: bool = True) -> NodeRecord | None:
         node = self._s.nodes.get(name)
-        return copy.deepcopy(node) if node is not None else None
+        if node is None:
+            return None
+        found = copy.deepcopy(node)
+        if not with_health:
+            found.health = None
+        return found
 
     def find(
         self, *, rack: str = "", state: NodeState | None = None, with_health: bool = True
@@ -92,8 +97,8 @@ class MemoryNodes:
         ]
         return found[: max(0, limit)]
 
-    def held_by(self, allocation: str) -> list[NodeRecord]:
-        return [n for n in self.find() if n.allocation_id == allocation]
+    def held_by(self, allocation: str, *, with_health: bool = True) -> list[NodeRecord]:
+        return [n for n in self.find(with_health=with_health) if n.allocation_id == allocation]
 
     def find_by_bmc_url(self, url: str) -> list[NodeRecord]:
         return [n for n in self.find() if n.bmc_url == url]
