@@ -491,9 +491,7 @@ def build_report(
 # -- in the store: written with the release, read back by allocation --------------
 
 
-_REPLACEMENT_KINDS = frozenset(
-    {str(EventKind.ALLOCATION_NODE_REPLACED), str(EventKind.ALLOCATION_DEGRADED)}
-)
+_REPLACEMENT_KINDS = (EventKind.ALLOCATION_NODE_REPLACED, EventKind.ALLOCATION_DEGRADED)
 
 
 def record_report(
@@ -503,11 +501,7 @@ def record_report(
     this transaction (``alloc.updated_at`` is its release); returns it.
     Replacements come from the allocation's own replacement events."""
     # The allocation's own events, by its index, in one read: a handful.
-    replaced = [
-        e
-        for e in tx.events.since(0, allocation=alloc.id, limit=100_000)
-        if e.kind in _REPLACEMENT_KINDS
-    ]
+    replaced = tx.events.since(0, allocation=alloc.id, kinds=_REPLACEMENT_KINDS, limit=100_000)
     report = build_report(
         alloc.id,
         taken,
@@ -534,7 +528,12 @@ def report_event(tx: Tx, allocation: str) -> EventInfo | None:
     allocation's size, not how many allocations were released since."""
     after, found = 0, None
     while True:
-        page = tx.events.since(after, allocation=allocation, limit=EVENTS_PAGE)
+        page = tx.events.since(
+            after,
+            allocation=allocation,
+            kinds=(EventKind.ALLOCATION_HEALTH_REPORT,),
+            limit=EVENTS_PAGE,
+        )
         for e in page:
             if e.kind == EventKind.ALLOCATION_HEALTH_REPORT:
                 found = e

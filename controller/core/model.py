@@ -152,12 +152,17 @@ class AllocationSpec:
     profile: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Flat: every field is a plain value (``asdict``'s deep copy is most
+        # of the cost of a save, which compares the stored spec).
+        return {name: getattr(self, name) for name in _SPEC_FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AllocationSpec:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(AllocationSpec))
 
 
 @dataclass(frozen=True)

@@ -159,8 +159,17 @@ class EventRepository(Protocol):
         ...
 
     def since(
-        self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
-    ) -> list[EventInfo]: ...
+        self,
+        after_seq: int,
+        *,
+        node: str = "",
+        allocation: str = "",
+        kinds: Collection[EventKind] = (),
+        limit: int = 500,
+    ) -> list[EventInfo]:
+        """Events after ``after_seq``, oldest first, of the node, allocation
+        and kinds given (empty: any)."""
+        ...
 
     def newest(self, limit: int, *, node: str = "") -> list[EventInfo]:
         """The newest ``limit`` events (of ``node``, if given), oldest first."""

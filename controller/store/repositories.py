@@ -530,6 +530,26 @@ class SqlAllocations:
 _EVENTS = EventRow.__table__  # type: ignore[attr-defined]
 
 
+def _events_since(node: bool, allocation: bool, kinds: bool) -> Any:
+    stmt = core_select(_EVENTS).where(_EVENTS.c.seq > bindparam("b_after"))
+    if node:
+        stmt = stmt.where(_EVENTS.c.node == bindparam("b_node"))
+    if allocation:
+        stmt = stmt.where(_EVENTS.c.allocation == bindparam("b_allocation"))
+    if kinds:
+        stmt = stmt.where(_EVENTS.c.kind.in_(bindparam("b_kinds", expanding=True)))
+    return stmt.order_by(_EVENTS.c.seq).limit(bindparam("b_limit"))
+
+
+# Each filter's statement, built once: (node, allocation, kinds) given.
+_EVENTS_SINCE = {
+    (n, a, k): _events_since(n, a, k)
+    for n in (False, True)
+    for a in (False, True)
+    for k in (False, True)
+}
+
+
 class SqlEvents:
     """Events are written as plain rows in one INSERT per unit of work (not
     ORM objects: a create/release cycle records five or six), sent before
@@ -562,14 +582,24 @@ class SqlEvents:
         return [event_info(row) for row in self._session.connection().execute(stmt)]
 
     def since(
-        self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
+        self,
+        after_seq: int,
+        *,
+        node: str = "",
+        allocation: str = "",
+        kinds: Collection[EventKind] = (),
+        limit: int = 500,
     ) -> list[EventInfo]:
-        stmt = core_select(_EVENTS).where(_EVENTS.c.seq > after_seq)
-        if node:
-            stmt = stmt.where(_EVENTS.c.node == node)
-        if allocation:
-            stmt = stmt.where(_EVENTS.c.allocation == allocation)
-        return self._read(stmt.order_by(_EVENTS.c.seq).limit(limit))
+        self.flush()
+        stmt = _EVENTS_SINCE[bool(node), bool(allocation), bool(kinds)]
+        params = {
+            "b_after": after_seq,
+            "b_node": node,
+            "b_allocation": allocation,
+            "b_kinds": [str(k) for k in kinds],
+            "b_limit": limit,
+        }
+        return [event_info(row) for row in self._session.connection().execute(stmt, params)]
 
     def newest(self, limit: int, *, node: str = "") -> list[EventInfo]:
         stmt = core_select(_EVENTS)

@@ -236,14 +236,22 @@ class MemoryEvents:
         self.added += 1
 
     def since(
-        self, after_seq: int, *, node: str = "", allocation: str = "", limit: int = 500
+        self,
+        after_seq: int,
+        *,
+        node: str = "",
+        allocation: str = "",
+        kinds: Collection[EventKind] = (),
+        limit: int = 500,
     ) -> list[EventInfo]:
+        wanted = {str(k) for k in kinds}
         found = [
             e
             for e in self._s.events
             if e.seq > after_seq
             and (not node or e.node == node)
             and (not allocation or e.allocation == allocation)
+            and (not wanted or str(e.kind) in wanted)
         ]
         return [replace(e) for e in found[:limit]]
 

@@ -7,7 +7,6 @@ agent restarts when the emulator boots it, as a node booting the image would.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -79,15 +78,6 @@ async def _enroll(stub: fleet_pb2_grpc.FleetServiceStub, fleet: SimFleet) -> Non
         )
 
 
-async def _watch_bmc(fleet: SimFleet, seen: list[dict[str, Any]], stop: asyncio.Event) -> None:
-    """What the emulated BMC shows while provisioning runs."""
-    while not stop.is_set():
-        system = await fleet.emulator.system(NODE)
-        cd = await fleet.emulator.virtual_cd(NODE)
-        seen.append({"boot": system["Boot"], "oem": system["Oem"]["KilnSim"], "cd": cd})
-        await asyncio.sleep(0.05)
-
-
 async def test_catalogue_image_is_provisioned_and_the_node_comes_back_ready(
     env: tuple[fleet_pb2_grpc.FleetServiceStub, SimFleet], image_server: str
 ) -> None:
@@ -97,17 +87,12 @@ async def test_catalogue_image_is_provisioned_and_the_node_comes_back_ready(
     boots_before = node.boots
     url = f"{image_server}/testdata/kiln-test.iso"
 
-    seen: list[dict[str, Any]] = []
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(_watch_bmc(fleet, seen, stop))
     started = time.monotonic()
     stream = stub.ProvisionNodes(
         fleet_pb2.ProvisionNodesRequest(names=[NODE], image="kiln-test"), timeout=STREAM_S
     )
     lines = [line async for line in stream]
     took = time.monotonic() - started
-    stop.set()
-    await watcher
 
     phases = [line.phase for line in lines]
     assert phases == [
@@ -120,14 +105,10 @@ async def test_catalogue_image_is_provisioned_and_the_node_comes_back_ready(
     ], lines
     assert all(line.ok and line.image == "kiln-test" and line.image_url == url for line in lines)
     assert lines[-1].done == lines[-1].total == 1
-    # The BMC had the image inserted and a one-time boot from CD set...
-    assert any(s["cd"]["Inserted"] and s["cd"]["Image"] == url for s in seen), seen[-3:]
-    assert any(
-        s["boot"]["BootSourceOverrideTarget"] == "Cd"
-        and s["boot"]["BootSourceOverrideEnabled"] == "Once"
-        for s in seen
-    )
-    # ...and the node booted from it, once, which ended the one-time override.
+    # The BMC booted it from the image on its virtual CD, through a one-time
+    # override, which the boot ended. (The emulator's record of the boot, not
+    # a poll of its transient state: the override lasts only until the
+    # power-cycle, which a poll every 50 ms may miss.)
     system = await fleet.emulator.system(NODE)
     last = system["Oem"]["KilnSim"]["LastBoot"]
     assert last == {"Device": "Cd", "Image": url, "Override": "Once"}
