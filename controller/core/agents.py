@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.core.errors import Unavailable
@@ -40,6 +41,15 @@ class AgentHub:
     def __init__(self) -> None:
         self._sessions: dict[str, AgentSession] = {}
         self._ids = itertools.count(1)
+        self._watchers: list[Callable[[str], None]] = []
+
+    def watch(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(node)`` whenever the node's agent attaches or goes."""
+        self._watchers.append(listener)
+
+    def _changed(self, node: str) -> None:
+        for listener in self._watchers:
+            listener(node)
 
     def attach(self, node: str, *, cert_expires_at: float | None = None) -> AgentSession:
         old = self._sessions.get(node)
@@ -48,6 +58,7 @@ class AgentHub:
             old.fail_pending(f"agent of node {node!r} reconnected")
         session = AgentSession(node, cert_expires_at=cert_expires_at)
         self._sessions[node] = session
+        self._changed(node)
         return session
 
     def attached_at(self, node: str) -> float | None:
@@ -61,6 +72,7 @@ class AgentHub:
         session.fail_pending(f"agent of node {session.node!r} disconnected")
         if self._sessions.get(session.node) is session:
             del self._sessions[session.node]
+            self._changed(session.node)
             return True
         return False
 

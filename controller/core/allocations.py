@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from controller.core.admission import awaiting_inspection, might_fit_once_inspected, never_admitted
@@ -44,6 +44,7 @@ from controller.core.job_health import (
 from controller.core.kinds import EventKind
 from controller.core.meter import Meter, NullMeter
 from controller.core.model import AllocationInfo, AllocationSpec
+from controller.core.node_specs import NodeSpecs, node_spec
 from controller.core.nodes import Nodes, held_back, validate_name
 from controller.core.ports import Store, Tx
 from controller.core.records import AllocationRecord, NodeRecord
@@ -91,20 +92,6 @@ def computes(nodes: Iterable[NodeRecord]) -> list[NodeRecord]:
     """The compute nodes: the only ones placement ever sees (a rack's switch
     trays and power shelves are never allocated)."""
     return [n for n in nodes if n.kind == NodeKind.COMPUTE]
-
-
-def node_spec(node: NodeRecord, schedulable: bool) -> NodeSpec:
-    rack = node.rack or node.name
-    return NodeSpec(
-        name=node.name,
-        gpu_model=node.gpu_model or "unknown",
-        gpus=node.gpu_count,
-        domain=node.nvlink_domain or node.name,
-        rack=rack,
-        leaf=node.leaf or rack,
-        spine=node.spine or "spine-0",
-        schedulable=schedulable,
-    )
 
 
 def book(tx: Tx, node: NodeRecord, ident: str, profile: str, why: str) -> bool:
@@ -163,7 +150,7 @@ def to_request(alloc: AllocationRecord) -> Request:
     return request_for(alloc.id, alloc.spec, alloc.submitted)
 
 
-def to_booking(alloc: AllocationRecord, gpus_per_node: dict[str, int]) -> Booking:
+def to_booking(alloc: AllocationRecord, gpus_of: Callable[[str], int]) -> Booking:
     return Booking(
         key=alloc.id,
         nodes=tuple(alloc.nodes),
@@ -171,7 +158,7 @@ def to_booking(alloc: AllocationRecord, gpus_per_node: dict[str, int]) -> Bookin
         domains=tuple(alloc.domains),
         exclusive=alloc.spec.exclusive,
         queue=alloc.spec.queue or "default",
-        gpus=sum(gpus_per_node.get(n, 0) for n in alloc.nodes),
+        gpus=sum(gpus_of(n) for n in alloc.nodes),
     )
 
 
@@ -212,6 +199,11 @@ class Allocations:
         self._passed = 0
         # What held nodes went through, per allocation (``report``).
         self.job_health = JobHealth()
+        # Each compute node's spec, recomputed only where something changed
+        # (``node_specs.py``; ``Fleet`` also touches a node whose agent
+        # attaches or leaves).
+        self.specs = NodeSpecs(nodes.view, nodes.placeable)
+        store.on_nodes_committed(self.specs.touch_changes)
         nodes.live.listen(self._observe)
         # Open allocations in memory (``allocation_view.py``): the queue and
         # the answers to create/release/get, without a store read.
@@ -232,7 +224,9 @@ class Allocations:
 
     def _observe(self, node: str, health: HealthReport, at: float) -> None:
         """A node's report landed: tally it if an allocation holds the node.
-        On every agent's every report: a dict lookup unless the node is held."""
+        On every agent's every report: a dict lookup unless the node is held
+        (and the node's spec marked for a look: the baseline gate judges it)."""
+        self.specs.touch(node)
         held = self._nodes.view.get(node)
         if held is not None and held.allocation_id and held.state in HELD_STATES:
             self.job_health.observe(held.allocation_id, node, health, at)
@@ -258,6 +252,24 @@ class Allocations:
             lambda tx: [allocation_info(a) for a in tx.allocations.find()]
         )
 
+    def _current(self) -> Topology:
+        """The topology of the fleet now (the view must be loaded): the last
+        one while no spec changed, the last one with a few nodes'
+        schedulability changed, else a new build."""
+        changed = self.specs.refresh()
+        specs = self.specs.specs
+        if self._topology is not None and changed is not None:
+            if not changed:
+                return self._topology
+            if all(name in specs for name in changed):
+                self._generation += 1
+                moved = self._topology.with_specs((specs[n] for n in changed), self._generation)
+                if moved is not None:
+                    self._topology = moved
+                    self._topology_key = ()  # stale: the next full refresh compares anew
+                    return moved
+        return self._snapshot(specs.values())
+
     def _snapshot(self, specs: Iterable[NodeSpec]) -> Topology:
         """The topology for ``specs``: the cached snapshot while the inventory
         is unchanged, a new generation when anything about a node changed."""
@@ -271,6 +283,10 @@ class Allocations:
             self._topology = moved or Topology.build(key, generation=self._generation)
             self._topology_key = key
         return self._topology
+
+    def _gpus_of(self, name: str) -> int:
+        spec = self.specs.specs.get(name)
+        return spec.gpus if spec is not None else 0
 
     def _usage_of(self, topology: Topology, bookings: list[Booking]) -> Usage:
         """The bookings over ``topology``, from the last pass's overlay
@@ -286,8 +302,8 @@ class Allocations:
 
     async def topology(self) -> Topology:
         """The current snapshot of the fleet's topology (for exports)."""
-        nodes = await self._nodes.records()
-        return self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in computes(nodes))
+        await self._nodes.loaded()
+        return self._current()
 
     async def create(
         self, key: str, spec: AllocationSpec, *, created_by: str = ""
@@ -492,13 +508,15 @@ class Allocations:
         if not view.pending():
             return
         active, pending = self._open_allocations(view.open())
-        nodes = await self._nodes.records()
-        topology = self._snapshot(node_spec(n, self._nodes.placeable(n)) for n in computes(nodes))
-        gpus = {n.name: n.gpu_count for n in nodes}
-        usage = self._usage_of(topology, [to_booking(a, gpus) for a in active])
+        await self._nodes.loaded()
+        topology = self._current()
+        usage = self._usage_of(topology, [to_booking(a, self._gpus_of) for a in active])
         result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
-        specs = {p.id: p.spec for p in pending}
-        waiting, rejected = self._verdicts(result.waiting, result.rejected, specs, nodes)
+        waiting, rejected = result.waiting, result.rejected
+        if waiting or rejected:  # why they wait, from the whole fleet
+            specs = {p.id: p.spec for p in pending}
+            nodes = await self._nodes.records()
+            waiting, rejected = self._verdicts(waiting, rejected, specs, nodes)
         waits = await self._store.tx(lambda tx: self._apply(tx, result.admitted, waiting, rejected))
         admitted_at = time.time()
         for ident in waits:
@@ -636,7 +654,7 @@ class Allocations:
                 node_spec(n, self._nodes.placeable(n) and n.name != node) for n in computes(nodes)
             )
             gpus = {n.name: n.gpu_count for n in nodes}
-            bookings = [to_booking(a, gpus) for a in active]
+            bookings = [to_booking(a, lambda n: gpus.get(n, 0)) for a in active]
             usage = Usage.from_bookings(topology, bookings)
             booking = next(b for b in bookings if b.key == holder.id)
             outcome = replace_failed(topology, usage, booking, node)

@@ -153,6 +153,7 @@ class Fleet:
         self.bmc: BmcGateway = PowerBlockGate(bmc, self.nodes)
         bmc = self.bmc
         self.allocations = Allocations(store, self.nodes, queues=queues, meter=self.meter)
+        self.agents.watch(self.allocations.specs.touch)  # connected: schedulable
         self.checks = (
             CheckRunner(store, self.nodes, self.agents, checks, on_done=self._checked)
             if checks is not None

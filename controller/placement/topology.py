@@ -190,6 +190,32 @@ class Topology:
         )
         return new
 
+    def with_specs(self, changed: Iterable[NodeSpec], generation: int) -> Topology | None:
+        """``rescheduled`` for a few nodes: this topology with ``changed``
+        (nodes already in it, in the same places) taking their new
+        schedulability, as a new generation; only their domains are
+        re-indexed. None when one of them is new or moved: ``build``."""
+        spec = dict(self._spec)
+        touched: set[int] = set()
+        for n in changed:
+            was = spec.get(n.name)
+            if was is None or not _same_place(was, n):
+                return None
+            spec[n.name] = n
+            touched.add(self.loc[n.name][0])
+        new = Topology.__new__(Topology)
+        for name in Topology.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.generation = generation
+        new._spec = MappingProxyType(spec)
+        sched = list(self.dom_sched)
+        for d in touched:
+            sched[d] = tuple(
+                i for i, name in enumerate(self.dom_nodes[d]) if spec[name].schedulable
+            )
+        new.dom_sched = tuple(sched)
+        return new
+
     def _index_scopes(self) -> None:
         scope_doms: dict[tuple[str, str], list[int]] = {}
         tiers: dict[tuple[str, int], list[str]] = {}
