@@ -98,3 +98,24 @@ def test_a_changed_layout_is_built_again() -> None:
     updated = usage.updated(bigger, ())
     assert updated.topology is bigger
     check_indexes(updated)
+
+
+def test_a_few_nodes_rescheduled_equal_a_fresh_build() -> None:
+    rng = random.Random(11)
+    specs = {s.name: s for s in _specs()}
+    topo = Topology.build(specs.values(), generation=0)
+    for step in range(100):
+        changed = []
+        for name in rng.sample(sorted(specs), rng.randint(1, 4)):
+            specs[name] = dataclasses.replace(specs[name], schedulable=not specs[name].schedulable)
+            changed.append(specs[name])
+        moved = topo.with_specs(changed, generation=step + 1)
+        assert moved is not None and moved.generation == step + 1
+        fresh = Topology.build(specs.values(), generation=step + 1)
+        assert moved.dom_sched == fresh.dom_sched and moved.dom_nodes == fresh.dom_nodes
+        assert all(moved.node(n) == s for n, s in specs.items())
+        topo = moved
+    first = next(iter(specs.values()))
+    assert topo.with_specs([dataclasses.replace(first, gpus=first.gpus + 1)], 999) is None
+    new = dataclasses.replace(first, name="hgx-new", domain="hgx-new")
+    assert topo.with_specs([new], 999) is None
