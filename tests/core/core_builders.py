@@ -10,7 +10,9 @@ from core_fakes import SCHEME, Answer, answering, ok
 
 from controller.core.fleet import Fleet
 from controller.core.model import EnrollSpec, GpuInfo, NodeInfo
+from controller.core.ports import Tx
 from controller.core.states import NodeState
+from controller.core.transitions import load_node
 
 
 def gpus(count: int, model: str, clique: str) -> list[GpuInfo]:
@@ -35,6 +37,19 @@ async def reconcile(fleet: Fleet, passes: int = 4) -> None:
     for _ in range(passes):
         await fleet.lifecycle.reconcile_once()
         await fleet.lifecycle.settle()
+
+
+async def set_fields(fleet: Fleet, name: str, **fields: object) -> None:
+    """Change a node's stored fields directly (what an operator or a BMC
+    reading would change), in one transaction."""
+
+    def write(tx: Tx) -> None:
+        node = load_node(tx, name)
+        for key, value in fields.items():
+            setattr(node, key, value)
+        tx.nodes.save(node)
+
+    await fleet.store.tx(write)
 
 
 async def states(fleet: Fleet) -> dict[str, NodeState]:

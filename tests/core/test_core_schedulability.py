@@ -10,14 +10,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from core_builders import Racks, reconcile
+from core_builders import Racks, reconcile, set_fields
 from core_fakes import FakeBmc
 
 from controller.core.fleet import Fleet
 from controller.core.model import AllocationSpec
-from controller.core.ports import Tx
 from controller.core.states import AllocationState, NodeState, PowerState
-from controller.core.transitions import load_node
 
 TRAYS = ["t1", "t2", "t3", "t4"]
 
@@ -28,16 +26,6 @@ async def fleet(make_fleet: Callable[..., Fleet]) -> AsyncIterator[tuple[Fleet, 
     async with contextlib.AsyncExitStack() as stack:
         yield fleet, Racks(fleet, stack)
         await fleet.stop()
-
-
-async def set_fields(fleet: Fleet, name: str, **fields: Any) -> None:
-    def write(tx: Tx) -> None:
-        node = load_node(tx, name)
-        for key, value in fields.items():
-            setattr(node, key, value)
-        tx.nodes.save(node)
-
-    await fleet.store.tx(write)
 
 
 async def rack_ready(fleet: Fleet, rack: str = "r1") -> int:

@@ -11,16 +11,14 @@ import random
 from collections.abc import Callable
 
 import pytest
-from core_builders import Racks, gpus
+from core_builders import Racks, gpus, set_fields
 from core_fakes import answering
 
 from controller.core.allocations import computes
 from controller.core.fleet import Fleet
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.node_specs import node_spec
-from controller.core.ports import Tx
 from controller.core.states import PowerState
-from controller.core.transitions import load_node
 from controller.placement import Topology
 
 NAMES = [f"t{i}" for i in range(6)]
@@ -29,16 +27,6 @@ NAMES = [f"t{i}" for i in range(6)]
 async def fresh_topology(fleet: Fleet) -> Topology:
     nodes = computes(await fleet.nodes.records())
     return Topology.build(node_spec(n, fleet.nodes.placeable(n)) for n in nodes)
-
-
-async def set_fields(fleet: Fleet, name: str, **fields: object) -> None:
-    def write(tx: Tx) -> None:
-        node = load_node(tx, name)
-        for key, value in fields.items():
-            setattr(node, key, value)
-        tx.nodes.save(node)
-
-    await fleet.store.tx(write)
 
 
 def report(dbe: int) -> HealthReport:
