@@ -262,10 +262,10 @@ class Allocations:
             if not changed:
                 return self._topology
             if all(name in specs for name in changed):
-                self._generation += 1
-                moved = self._topology.with_specs((specs[n] for n in changed), self._generation)
+                generation = self._generation + 1
+                moved = self._topology.with_specs((specs[n] for n in changed), generation)
                 if moved is not None:
-                    self._topology = moved
+                    self._generation, self._topology = generation, moved
                     self._topology_key = ()  # stale: the next full refresh compares anew
                     return moved
         return self._snapshot(specs.values())
