@@ -17,9 +17,14 @@ async def test_poll_power_reads_every_bmc_and_sees_changes_outside_kiln(
 ) -> None:
     async with RedfishEmulator(make_systems(3), username=USER, password=PASSWORD) as emu:
         async with IpmiSim("bmc-ipmi", USER, PASSWORD, power_on=True) as sim:
+            # The simulator answers real IPMI before the gateway's first read.
+            assert "Chassis Power is on" in await ipmitool(sim, USER, PASSWORD, "power", "status")
             # 10 s: a first IPMI session with a just-started ipmi_sim on a busy
-            # machine can take more than 2 (the ghost is refused at once either way).
-            pool = make_pool(call_timeout=10.0, retry=RetryPolicy(attempts=1))
+            # machine can take more than 2. A second attempt covers a lost UDP
+            # datagram in that first session (the ghost is refused at once either way).
+            pool = make_pool(
+                call_timeout=10.0, retry=RetryPolicy(attempts=2, base_delay=0.05, max_delay=0.1)
+            )
             gateway = PoolGateway(pool)
             try:
                 targets = [
