@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from controller.core.admission import awaiting_inspection, might_fit_once_inspected, never_admitted
-from controller.core.allocation_view import AllocationView
+from controller.core.allocation_view import AllocationView, frozen_copy
 from controller.core.errors import (
     AlreadyExists,
     DuplicateKey,
@@ -174,6 +174,25 @@ def allocation_info(alloc: AllocationRecord) -> AllocationInfo:
     return AllocationInfo(**values)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Arrival:
+    """A request on its way into the store, and its caller's answer (its id)."""
+
+    record: AllocationRecord
+    stored: asyncio.Future[str]
+
+
+def record_created(tx: Tx, alloc: AllocationRecord) -> None:
+    record(
+        tx,
+        EventKind.ALLOCATION_CREATED,
+        allocation=alloc.id,
+        reason="requested",
+        key=alloc.key,
+        spec=alloc.spec.to_dict(),
+    )
+
+
 class Allocations:
     def __init__(
         self,
@@ -210,6 +229,10 @@ class Allocations:
         self.view = AllocationView()
         store.on_allocations_committed(self.view.committed)
         self._loading = asyncio.Lock()
+        # Requests not stored yet: the next scheduling pass stores them in
+        # the transaction that decides them (``create``).
+        self._arriving: list[_Arrival] = []
+        self._submitted = 0  # the highest queue position handed out
 
     async def loaded(self) -> AllocationView:
         """The in-memory view, read from the store on first use (``Fleet.start``
@@ -219,7 +242,11 @@ class Allocations:
         async with self._loading:
             if not self.view.ready:
                 self.view.begin_load()
-                self.view.install(await self._store.read(lambda tx: tx.allocations.find(OPEN)))
+                found, last = await self._store.read(
+                    lambda tx: (tx.allocations.find(OPEN), tx.allocations.last_submitted())
+                )
+                self._submitted = max(self._submitted, last)
+                self.view.install(found)
         return self.view
 
     def _observe(self, node: str, health: HealthReport, at: float) -> None:
@@ -310,6 +337,10 @@ class Allocations:
     ) -> AllocationInfo:
         """Queue a gang request and try to place it at once.
 
+        The request is stored by the next scheduling pass, in the same
+        transaction that admits it (or notes why it waits), so a request that
+        fits costs one write; it is durable before this returns.
+
         Idempotent on ``key``: the same key and spec return the same allocation.
         ``created_by`` is the caller's identity, kept with the allocation.
 
@@ -337,37 +368,29 @@ class Allocations:
                 raise
             return self._same_or_conflict(existing, key, spec)
 
-        def write(tx: Tx) -> str:
-            now = time.time()
-            alloc = AllocationRecord(
-                id=f"alloc-{uuid.uuid4().hex[:10]}",
-                key=key,
-                spec=spec,
-                submitted=tx.allocations.last_submitted() + 1,
-                reason="queued",
-                created_at=now,
-                updated_at=now,
-                created_by=created_by,
-            )
-            tx.allocations.add(alloc)
-            record(
-                tx,
-                EventKind.ALLOCATION_CREATED,
-                allocation=alloc.id,
-                reason="requested",
-                key=key,
-                spec=spec.to_dict(),
-            )
-            return alloc.id
-
+        now = time.time()
+        alloc = AllocationRecord(
+            id=f"alloc-{uuid.uuid4().hex[:10]}",
+            key=key,
+            spec=spec,
+            reason="queued",
+            created_at=now,
+            updated_at=now,
+            created_by=created_by,
+        )
+        stored: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        stored.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._arriving.append(_Arrival(alloc, stored))
+        # The pass runs to its end even if this caller goes away: it may
+        # hold other callers' requests too.
+        await asyncio.shield(self.schedule_pass())
         try:
-            ident = await self._store.tx(write)
+            ident = stored.result()
         except DuplicateKey:
-            existing = await self._by_key(key)  # lost a race for the same key
+            existing = await self._by_key(key)  # a race for the same key, or an old key
             if existing is None:
                 raise
             return self._same_or_conflict(existing, key, spec)
-        await self.schedule_pass()
         return await self.get(ident)
 
     def _same_or_conflict(
@@ -503,11 +526,28 @@ class Allocations:
             self._passed = began
 
     async def _schedule(self) -> None:
+        # Taken before the first await: a pass stores every request that
+        # arrived before it began (``schedule_pass``'s promise).
+        arriving, self._arriving = self._arriving, []
+        try:
+            await self._decide(arriving)
+        except BaseException as e:
+            for arrival in arriving:
+                if not arrival.stored.done():
+                    arrival.stored.set_exception(e)
+            raise
+
+    async def _decide(self, arriving: list[_Arrival]) -> None:
         started = time.monotonic()
         view = await self.loaded()
-        if not view.pending():
+        for arrival in arriving:
+            self._submitted += 1
+            arrival.record.submitted = self._submitted
+        if not view.pending() and not arriving:
             return
         active, pending = self._open_allocations(view.open())
+        fresh = {a.record.id: a.record for a in arriving}
+        pending += fresh.values()
         await self._nodes.loaded()
         topology = self._current()
         usage = self._usage_of(topology, [to_booking(a, self._gpus_of) for a in active])
@@ -517,13 +557,40 @@ class Allocations:
             specs = {p.id: p.spec for p in pending}
             nodes = await self._nodes.records()
             waiting, rejected = self._verdicts(waiting, rejected, specs, nodes)
-        waits = await self._store.tx(lambda tx: self._apply(tx, result.admitted, waiting, rejected))
+        try:
+            waits = await self._store.tx(
+                lambda tx: self._apply(tx, result.admitted, waiting, rejected, fresh)
+            )
+        except DuplicateKey:
+            if not arriving:
+                raise
+            # A key reused from an allocation closed long ago, or two requests
+            # with one key: stored one by one, each caller hears its own
+            # outcome, and a pass without them decides the rest.
+            await self._store_each(arriving)
+            await self._decide([])
+            return
+        for arrival in arriving:
+            arrival.stored.set_result(arrival.record.id)
         admitted_at = time.time()
         for ident in waits:
             self.job_health.admitted(ident, admitted_at)
         self._meter.placement(time.monotonic() - started)
         for waited in waits.values():
             self._meter.admitted(waited)
+
+    async def _store_each(self, arriving: list[_Arrival]) -> None:
+        def write(tx: Tx, alloc: AllocationRecord) -> None:
+            tx.allocations.add(alloc)
+            record_created(tx, alloc)
+
+        for arrival in arriving:
+            try:
+                await self._store.tx(lambda tx, a=arrival.record: write(tx, a))  # type: ignore[misc]
+            except DuplicateKey as e:
+                arrival.stored.set_exception(e)
+            else:
+                arrival.stored.set_result(arrival.record.id)
 
     def _verdicts(
         self,
@@ -569,13 +636,28 @@ class Allocations:
         admitted: dict[str, Placement],
         waiting: dict[str, str],
         rejected: dict[str, str],
+        arriving: dict[str, AllocationRecord],
     ) -> dict[str, float]:
-        """Book what was admitted and note the verdicts; returns how long
-        each admitted allocation waited, by id."""
+        """Store the ``arriving`` requests, book what was admitted and note
+        the verdicts; returns how long each admitted allocation waited, by id.
+
+        The arriving records are copied, not changed: a unit of work may run
+        twice (``Store.tx``)."""
         now = time.time()
+        fresh = {ident: frozen_copy(alloc) for ident, alloc in arriving.items()}
+        for arrived in fresh.values():
+            record_created(tx, arrived)
+
+        def get(ident: str) -> AllocationRecord | None:
+            return fresh.get(ident) or tx.allocations.get(ident)
+
+        def save(alloc: AllocationRecord) -> None:
+            if alloc.id not in fresh:
+                tx.allocations.save(alloc)
+
         waits: dict[str, float] = {}
         for ident, placement in admitted.items():
-            alloc = tx.allocations.get(ident)
+            alloc = get(ident)
             if alloc is None or alloc.state != A.PENDING:
                 continue
             names = placement.nodes + placement.spares
@@ -615,24 +697,26 @@ class Allocations:
                 domains=list(placement.domains),
                 **extra,
             )
-            tx.allocations.save(alloc)
+            save(alloc)
             waits[ident] = max(0.0, now - alloc.created_at)
             log.info("allocation %s: %s on %s", ident, alloc.state, ",".join(placement.nodes))
         for ident, reason in waiting.items():
-            alloc = tx.allocations.get(ident)
+            alloc = get(ident)
             if alloc is not None and alloc.state == A.PENDING and alloc.reason != reason:
                 alloc.reason = reason
                 alloc.updated_at = now
-                tx.allocations.save(alloc)
+                save(alloc)
                 record(tx, EventKind.ALLOCATION_WAITING, allocation=ident, reason=reason)
         for ident, reason in rejected.items():
-            alloc = tx.allocations.get(ident)
+            alloc = get(ident)
             if alloc is not None and alloc.state == A.PENDING:
                 alloc.state = A.FAILED
                 alloc.reason = reason
                 alloc.updated_at = now
-                tx.allocations.save(alloc)
+                save(alloc)
                 record(tx, EventKind.ALLOCATION_FAILED, allocation=ident, reason=reason)
+        for arrived in fresh.values():  # as decided: one INSERT, no UPDATE after it
+            tx.allocations.add(arrived)
         return waits
 
     async def node_failed(self, node: str, reason: str) -> None:
