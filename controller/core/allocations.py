@@ -742,6 +742,7 @@ class Allocations:
             usage = Usage.from_bookings(topology, bookings)
             booking = next(b for b in bookings if b.key == holder.id)
             outcome = replace_failed(topology, usage, booking, node)
+            self.job_health.replacing(holder.id)
             await self._store.tx(
                 lambda tx: self._apply_replacement(tx, holder.id, booking, node, outcome, reason)
             )

@@ -370,6 +370,7 @@ class _JobTally:
     admitted_at: float | None = None  # this controller handed its nodes over
     first_seen: float | None = None  # its first report (controller time)
     nodes: dict[str, _NodeTally] = field(default_factory=dict)
+    replacing: bool = False  # this controller replaced (or tried to) one of its nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +382,9 @@ class JobSnapshot:
     reports: int
     admitted_at: float | None
     first_seen: float | None
+    # Admitted by this controller, which replaced none of its nodes: the
+    # store holds no replacement event of it (the release need not look).
+    unreplaced: bool = False
 
 
 class JobHealth:
@@ -440,7 +444,13 @@ class JobHealth:
             for gpu in sorted(node.gpus.values(), key=lambda g: g.index)
         )
         reports = sum(n.reports for n in job.nodes.values())
-        return JobSnapshot(gpus, reports, job.admitted_at, job.first_seen)
+        unreplaced = job.admitted_at is not None and not job.replacing
+        return JobSnapshot(gpus, reports, job.admitted_at, job.first_seen, unreplaced)
+
+    def replacing(self, allocation: str) -> None:
+        """One of ``allocation``'s nodes is about to be replaced (called
+        before the write, so a report never misses a replacement)."""
+        self._open.setdefault(allocation, _JobTally()).replacing = True
 
     def close(self, allocation: str) -> None:
         """Drop the allocation's tally (it was released)."""
@@ -499,9 +509,14 @@ def record_report(
 ) -> AllocationReport:
     """Record the ``allocation.health_report`` of ``alloc``, being released in
     this transaction (``alloc.updated_at`` is its release); returns it.
-    Replacements come from the allocation's own replacement events."""
+    Replacements come from the allocation's own replacement events (not read
+    when ``taken`` says this controller admitted it and replaced none)."""
     # The allocation's own events, by its index, in one read: a handful.
-    replaced = tx.events.since(0, allocation=alloc.id, kinds=_REPLACEMENT_KINDS, limit=100_000)
+    replaced = (
+        []
+        if taken.unreplaced
+        else tx.events.since(0, allocation=alloc.id, kinds=_REPLACEMENT_KINDS, limit=100_000)
+    )
     report = build_report(
         alloc.id,
         taken,

@@ -180,6 +180,30 @@ async def test_a_replacement_is_listed_and_the_failed_node_counts_only_while_hel
 
 
 @pytest.mark.timeout(60)
+async def test_a_replacement_made_before_a_restart_is_in_the_report_after_it(
+    make_fleet: Callable[..., Fleet],
+) -> None:
+    async with fleet_of(make_fleet) as (fleet, _):
+        spec = AllocationSpec(nodes=2, topology="nvlink", spares_per_domain=1)
+        alloc = await fleet.create_allocation("spare", spec)
+        failed, spare = alloc.nodes[0], alloc.spares[0]
+        await fleet.drain(failed, "XID 79")
+        await fleet.allocations.node_failed(failed, "GPU 0 XID 79")
+
+        restarted = make_fleet()  # knows of the replacement from the store only
+        await restarted.nodes.loaded()
+        await restarted.release(alloc.id)
+        report = await restarted.allocations.report(alloc.id)
+        await restarted.stop()
+        assert [(r.failed, r.replacement) for r in report.replacements] == [(failed, spare)]
+        # Another allocation, admitted and released by this controller with no
+        # replacement, reports none.
+        other = await fleet.create_allocation("plain", AllocationSpec(nodes=1))
+        await fleet.release(other.id)
+        assert (await fleet.allocations.report(other.id)).replacements == ()
+
+
+@pytest.mark.timeout(60)
 async def test_reports_of_missing_pending_and_refused_allocations_are_refused(
     make_fleet: Callable[..., Fleet],
 ) -> None:
