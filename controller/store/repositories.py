@@ -555,9 +555,12 @@ class SqlEvents:
     ORM objects: a create/release cycle records five or six), sent before
     any read of events in the same transaction and before it commits."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, rows: list[dict[str, Any]] | None = None) -> None:
         self._session = session
-        self._rows: list[dict[str, Any]] = []
+        # Rows not sent yet. A group commit's units share one list, so the
+        # group's events go in one INSERT; the first read of events sends
+        # what is waiting, so a unit reads the events of those before it.
+        self._rows: list[dict[str, Any]] = [] if rows is None else rows
         self.added = 0
 
     def add(self, event: NewEvent) -> None:
@@ -571,7 +574,8 @@ class SqlEvents:
     def flush(self) -> None:
         """Send the events added so far (the store calls it before commit)."""
         if self._rows:
-            rows, self._rows = self._rows, []
+            rows = list(self._rows)
+            self._rows.clear()  # the list may be shared: emptied, not replaced
             # On the session's connection, past the ORM's bulk machinery.
             self._session.connection().execute(insert(_EVENTS), rows)
 

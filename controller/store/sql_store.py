@@ -13,6 +13,8 @@ be admitted, each durable before its caller hears back. The result is the
 same as running them one after another. When one of them fails, the group is
 rolled back and each runs again alone, so a failure is its own caller's only:
 a unit of work must act through its ``Tx`` alone (it may be run twice).
+The group's events go to the database in one INSERT before its commit (or
+sooner, when a unit reads events).
 """
 
 from __future__ import annotations
@@ -83,11 +85,16 @@ def _first_line(error: Exception) -> str:
 class SqlTx:
     """One transaction: the repositories over one ``Session``."""
 
-    def __init__(self, session: Session, secrets: SecretBox) -> None:
+    def __init__(
+        self,
+        session: Session,
+        secrets: SecretBox,
+        events: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.session = session
         self._nodes = SqlNodes(session, secrets)
         self._allocations = SqlAllocations(session)
-        self._events = SqlEvents(session)
+        self._events = SqlEvents(session, events)
         self._tokens = SqlTokens(session)
 
     @property
@@ -182,11 +189,11 @@ class SqlStore:
             return [self._alone(fns[0])]
         with Session(self.engine, expire_on_commit=False) as session:
             outcomes = []
+            events: list[dict[str, Any]] = []  # the group's, sent in one INSERT
             try:
                 for fn in fns:
-                    tx = SqlTx(session, self._secrets)
+                    tx = SqlTx(session, self._secrets, events)
                     result = fn(tx)
-                    tx.events.flush()
                     session.flush()  # a constraint fails here, at its own unit
                     outcomes.append(
                         _Outcome(
@@ -196,6 +203,8 @@ class SqlStore:
                             allocations=tx.allocations.saved,
                         )
                     )
+                if events:
+                    SqlEvents(session, events).flush()
                 session.commit()
             except Exception:
                 session.rollback()

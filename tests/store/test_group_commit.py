@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from controller.core.errors import DuplicateKey, NotFound
-from controller.core.records import NodeRecord
+from controller.core.kinds import EventKind
+from controller.core.records import NewEvent, NodeRecord
 from controller.core.states import NodeState
 from controller.store.sql_store import SqlStore, SqlTx
 
@@ -72,5 +73,65 @@ async def test_a_failing_write_fails_alone(engine: Engine) -> None:
         assert results[3] == NodeState.ENROLLED
         stored = await store.read(lambda tx: [n.name for n in tx.nodes.find()])
         assert ours(stored) == ["g0000", "g0001", "g0002"]
+    finally:
+        store.close()
+
+
+def event_of(allocation: str, reason: str) -> NewEvent:
+    return NewEvent(at=1.0, kind=EventKind.ALLOCATION_WAITING, allocation=allocation, reason=reason)
+
+
+@pytest.mark.timeout(120)
+async def test_a_groups_events_are_stored_in_unit_order_and_read_by_later_units(
+    engine: Engine,
+) -> None:
+    store = SqlStore(engine)
+    try:
+
+        def adds(allocation: str, reason: str) -> object:
+            def write(tx: SqlTx) -> None:
+                tx.events.add(event_of(allocation, reason))
+
+            return write
+
+        def reads_then_adds(allocation: str, reason: str) -> object:
+            def write(tx: SqlTx) -> list[str]:
+                seen = [e.reason for e in tx.events.since(0, allocation=allocation)]
+                tx.events.add(event_of(allocation, reason))
+                return seen
+
+            return write
+
+        def fails_after_adding(allocation: str) -> object:
+            def write(tx: SqlTx) -> None:
+                tx.events.add(event_of(allocation, "never stored"))
+                raise NotFound(kind="node", name="nope")
+
+            return write
+
+        groups = store.groups
+        results = await asyncio.gather(
+            store.tx(adds("grp-a", "first")),  # type: ignore[arg-type]
+            store.tx(reads_then_adds("grp-a", "second")),  # type: ignore[arg-type]
+            store.tx(adds("grp-a", "third")),  # type: ignore[arg-type]
+        )
+        assert store.groups == groups + 1  # the three went in one commit
+        assert results[1] == ["first"]  # sent before the read, in the same transaction
+
+        # A failing unit: the group runs again unit by unit; its event is not
+        # stored, and nobody's is stored twice.
+        results = await asyncio.gather(
+            store.tx(adds("grp-b", "first")),  # type: ignore[arg-type]
+            store.tx(fails_after_adding("grp-b")),  # type: ignore[arg-type]
+            store.tx(reads_then_adds("grp-b", "second")),  # type: ignore[arg-type]
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], NotFound) and results[2] == ["first"]
+
+        def stored(allocation: str) -> object:
+            return lambda tx: [e.reason for e in tx.events.since(0, allocation=allocation)]
+
+        assert await store.read(stored("grp-a")) == ["first", "second", "third"]  # type: ignore[arg-type]
+        assert await store.read(stored("grp-b")) == ["first", "second"]  # type: ignore[arg-type]
     finally:
         store.close()
