@@ -50,7 +50,7 @@ from agent.client import AGENT_VERSION, gpu_pb, health_pb  # noqa: E402
 from agent.gpu_inventory import read_inventory  # noqa: E402
 from agent.health import HealthSampler  # noqa: E402
 from agent.nvml import open_backend  # noqa: E402
-from kiln.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
+from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc  # noqa: E402
 
 PART = "h200"
 CONNECT_TIMEOUT_S = 120.0  # Register -> Registered, per stream
@@ -355,6 +355,44 @@ class _FloorService(agent_pb2_grpc.AgentServiceServicer):  # type: ignore[misc]
                 self.reports += 1
 
 
+class _FloorFleet(fleet_pb2_grpc.FleetServiceServicer):  # type: ignore[misc]
+    """CreateAllocation and ReleaseAllocation answered from memory, with
+    messages of the controller's shape: gRPC's own cost of an allocation
+    cycle, nothing stored or decided."""
+
+    def __init__(self) -> None:
+        self.cycles = 0
+
+    async def CreateAllocation(self, request: Any, context: Any) -> Any:
+        now = time.time()
+        return fleet_pb2.Allocation(
+            id=f"alloc-{request.key[:10]}",
+            key=request.key,
+            spec=request.spec,
+            state=fleet_pb2.ALLOCATION_STATE_READY,
+            reason="1 nodes in 1 NVLink domain(s)",
+            nodes=["node-00001"],
+            domains=["node-00001"],
+            created_at=now,
+            updated_at=now,
+            created_by="bench",
+        )
+
+    async def ReleaseAllocation(self, request: Any, context: Any) -> Any:
+        self.cycles += 1
+        now = time.time()
+        return fleet_pb2.Allocation(
+            id=request.id,
+            state=fleet_pb2.ALLOCATION_STATE_RELEASED,
+            reason="released",
+            nodes=["node-00001"],
+            domains=["node-00001"],
+            created_at=now,
+            updated_at=now,
+            created_by="bench",
+        )
+
+
 def floor_main(conn: Connection, port: int, interval: float) -> None:
     asyncio.run(_floor(conn, port, interval))
 
@@ -365,6 +403,7 @@ async def _floor(conn: Connection, port: int, interval: float) -> None:
     )
     service = _FloorService(interval)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
+    fleet_pb2_grpc.add_FleetServiceServicer_to_server(_FloorFleet(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     conn.send("ready")
