@@ -42,7 +42,10 @@ What is measured, per fleet size N (``--nodes``), each on a fresh controller:
    ReleaseAllocation: p50/p99 and admitted allocations a second.
 5. The floor: the same generators against a bare ``grpc.aio`` server in its
    own process whose Connect answers Registered and drops every message;
-   its CPU per report received, and the controller/floor ratio.
+   its CPU per report received, and the controller/floor ratio. The same
+   server answers CreateAllocation and ReleaseAllocation from memory (the
+   controller's message shapes, nothing stored or decided): the same
+   clients' cycles a second and its CPU per cycle, beside the controller's.
 
 Everything shares the machine's cores (on a 2-core machine the generators
 take a large share); the generators' CPU is printed beside the controller's.
