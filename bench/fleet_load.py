@@ -364,33 +364,32 @@ class _FloorFleet(fleet_pb2_grpc.FleetServiceServicer):  # type: ignore[misc]
         self.cycles = 0
 
     async def CreateAllocation(self, request: Any, context: Any) -> Any:
-        now = time.time()
-        return fleet_pb2.Allocation(
-            id=f"alloc-{request.key[:10]}",
+        return _allocation_pb(
+            f"alloc-{request.key[:10]}",
+            fleet_pb2.ALLOCATION_STATE_READY,
+            "1 nodes in 1 NVLink domain(s)",
             key=request.key,
             spec=request.spec,
-            state=fleet_pb2.ALLOCATION_STATE_READY,
-            reason="1 nodes in 1 NVLink domain(s)",
-            nodes=["node-00001"],
-            domains=["node-00001"],
-            created_at=now,
-            updated_at=now,
-            created_by="bench",
         )
 
     async def ReleaseAllocation(self, request: Any, context: Any) -> Any:
         self.cycles += 1
-        now = time.time()
-        return fleet_pb2.Allocation(
-            id=request.id,
-            state=fleet_pb2.ALLOCATION_STATE_RELEASED,
-            reason="released",
-            nodes=["node-00001"],
-            domains=["node-00001"],
-            created_at=now,
-            updated_at=now,
-            created_by="bench",
-        )
+        return _allocation_pb(request.id, fleet_pb2.ALLOCATION_STATE_RELEASED, "released")
+
+
+def _allocation_pb(ident: str, state: int, reason: str, **fields: Any) -> Any:
+    now = time.time()
+    return fleet_pb2.Allocation(
+        id=ident,
+        state=state,
+        reason=reason,
+        nodes=["node-00001"],
+        domains=["node-00001"],
+        created_at=now,
+        updated_at=now,
+        created_by="bench",
+        **fields,
+    )
 
 
 def floor_main(conn: Connection, port: int, interval: float) -> None:
