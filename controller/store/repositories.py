@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_
@@ -112,9 +112,9 @@ _NODE_PLAIN = (
 _POWER_STATES = frozenset(s.value for s in PowerState)
 
 
-def node_record(row: Any, *, with_health: bool = True) -> NodeRecord:
-    """The record of a node row: an ORM ``NodeRow`` or a Core row's mapping."""
-    get = row.__getitem__ if isinstance(row, dict) else row.__getattribute__
+def node_record(row: Mapping[str, Any], *, with_health: bool = True) -> NodeRecord:
+    """The record of a node row (a Core row's mapping)."""
+    get = row.__getitem__
     return NodeRecord(
         **{name: get(name) for name in _NODE_PLAIN},
         state=NodeState(get("state")),
@@ -162,10 +162,9 @@ def gpu_info(row: GpuRow) -> GpuInfo:
     return GpuInfo(**{f.name: getattr(row, f.name) for f in dataclasses.fields(GpuInfo)})
 
 
-def allocation_record(row: Any) -> AllocationRecord:
-    """The record of an allocation row: an ORM ``AllocationRow`` or a Core
-    row's mapping."""
-    get = row.__getitem__ if isinstance(row, dict) else row.__getattribute__
+def allocation_record(row: Mapping[str, Any]) -> AllocationRecord:
+    """The record of an allocation row (a Core row's mapping)."""
+    get = row.__getitem__
     return AllocationRecord(
         id=get("id"),
         key=get("key"),
