@@ -256,8 +256,13 @@ class SimFleet:
 
     async def _power_on(self, node: SimNode, bmc_boots: int = 0) -> None:
         node.powered = True
+        # A power cycle's boot can be seen twice: counted while the power still
+        # read On (the reboot branch of ``_watch``), then the delayed dip and
+        # return. The emulator's BootCount says whether this is a new boot.
+        same_boot = 0 < bmc_boots <= node.bmc_boots
         node.bmc_boots = max(node.bmc_boots, bmc_boots)
-        node.boots += 1
+        if not same_boot:
+            node.boots += 1
         node.history.append("on")
         if node.spec.member:  # a switch tray or power shelf runs no agent
             log.info("sim member %s: powered on", node.spec.name)
