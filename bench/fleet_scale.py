@@ -857,13 +857,15 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             # The allocation floor: the same clients' Create+Release cycles
             # against the bare server (streams still open and reporting).
             if res.alloc_rate:
-                floor_stub = fleet_pb2_grpc.FleetServiceStub(
-                    grpc.aio.insecure_channel(f"127.0.0.1:{floor_port}")
-                )
                 floor_errors: Counter[str] = Counter()
-                _, _, cycles, _, res.alloc_floor, floor_cores = await alloc_cycles(
-                    floor_stub, args.clients, min(args.alloc_seconds, 5.0), floor.pid, floor_errors
-                )
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{floor_port}") as floor_channel:
+                    _, _, cycles, _, res.alloc_floor, floor_cores = await alloc_cycles(
+                        fleet_pb2_grpc.FleetServiceStub(floor_channel),
+                        args.clients,
+                        min(args.alloc_seconds, 5.0),
+                        floor.pid,
+                        floor_errors,
+                    )
                 alloc_us = res.alloc_cores / res.alloc_rate * 1e6
                 floor_alloc_us = floor_cores / res.alloc_floor * 1e6 if cycles else float("nan")
                 print(
