@@ -18,7 +18,6 @@ counting what the rules already took down.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -68,19 +67,26 @@ TAKES_OUT = frozenset(
 )
 
 
-DERIVED = ("dbe_volatile", "nvlink_down", "fabric_degraded")
-READING_FIELDS = tuple(f.name for f in dataclasses.fields(GpuReading) if f.name not in DERIVED)
 FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 
 
 def gpu_reading(g: GpuHealth) -> GpuReading:
     """What the policies read of one GPU (the rest of its report they ignore)."""
     fabric = not g.fabric_healthy if g.fabric_state == FABRIC_COMPLETED else None
+    # Field by field, not through a dict: once per GPU of every report.
     return GpuReading(
+        index=g.index,
+        temp_c=g.temp_c,
+        slowdown_c=g.slowdown_c,
+        shutdown_c=g.shutdown_c,
+        remap_failure=g.remap_failure,
+        remap_pending=g.remap_pending,
+        xids=g.xids,
+        lost=g.lost,
+        recovery_action=g.recovery_action,
         dbe_volatile=g.ecc_dbe_volatile,
         nvlink_down=len(g.nvlink_down),
         fabric_degraded=fabric,
-        **{name: getattr(g, name) for name in READING_FIELDS},
     )
 
 

@@ -5,7 +5,11 @@ of the reading that found its leak) the watcher reads the leak detectors of
 every node's chassis through the ``BmcGateway``, at most ``concurrency``
 nodes at once, each call behind its BMC's guard and breaker. A node whose
 protocol has none (IPMI) answers NotSupported without a BMC call and is
-skipped from then on, without a log line. The reads do not depend on the
+skipped from then on, without a log line. A Redfish BMC whose chassis has
+no leak detectors (an HGX box, an air-cooled server) is read again only
+every ``rediscover`` seconds (600 by default, as often as the Redfish
+driver looks for detectors afresh): in a fleet of such nodes the watcher
+then costs next to nothing between those reads. The reads do not depend on the
 node's agent: a tray whose agent is silent (or whose OS hung) is watched all
 the same. A BMC that is slow holds up only its own node: a pass does not
 wait for a read still in flight from the last one.
@@ -75,6 +79,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LEAK_INTERVAL = 5.0
 DEFAULT_LEAK_CONCURRENCY = 256  # the Redfish thread pool's default size
+# A BMC that showed no leak detectors is asked again after this long (the
+# Redfish driver's own LEAK_REDISCOVER_S: sooner would read its cached answer).
+DEFAULT_LEAK_REDISCOVER = 600.0
 # DMTF Resource.State values in which a detector is sensing (None: not reported).
 SENSING_STATES = frozenset({"Enabled", "Degraded", "Qualified"})
 MAX_REASON = 1024
@@ -137,13 +144,14 @@ class _Watched:
     states: dict[str, LeakState]  # detector → its last state (absent: OK)
     target: BmcTarget | None = None
     unreadable: str = ""  # the last read's error ("" after a good read)
+    none_at: float | None = None  # monotonic: when the BMC last showed no detectors
 
 
 class LeakWatcher:
     """Reads every node's leak detectors and acts on them (module docstring).
 
-    ``interval`` and ``concurrency`` are plain attributes and may be changed
-    while it runs. ``on_node_failed`` is ``Allocations.node_failed``.
+    ``interval``, ``concurrency`` and ``rediscover`` are plain attributes and
+    may be changed while it runs. ``on_node_failed`` is ``Allocations.node_failed``.
     """
 
     def __init__(
@@ -164,6 +172,7 @@ class LeakWatcher:
         self._on_node_failed = on_node_failed
         self.interval = interval
         self.concurrency = concurrency
+        self.rediscover = DEFAULT_LEAK_REDISCOVER
         self._watched: dict[str, _Watched] = {}
         self._unsupported: dict[str, str] = {}  # node → the BMC URL that has no detectors
         self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -195,7 +204,9 @@ class LeakWatcher:
         nodes = [
             n
             for n in await self._nodes.records()
-            if self._unsupported.get(n.name) != n.bmc_url and n.name not in self._in_flight
+            if self._unsupported.get(n.name) != n.bmc_url
+            and n.name not in self._in_flight
+            and not self._without_detectors(n.name, started)
         ]
         targets = await self._targets(nodes)
         gate = asyncio.Semaphore(max(1, self.concurrency))
@@ -244,6 +255,13 @@ class LeakWatcher:
                 self._memory(target.node).target = target
         return found
 
+    def _without_detectors(self, name: str, now: float) -> bool:
+        """Whether ``name``'s BMC showed no detectors less than ``rediscover`` ago."""
+        kept = self._watched.get(name)
+        return (
+            kept is not None and kept.none_at is not None and now < kept.none_at + self.rediscover
+        )
+
     def _memory(self, name: str) -> _Watched:
         kept = self._watched.get(name)
         if kept is None:
@@ -289,6 +307,13 @@ class LeakWatcher:
         if memory.unreadable:
             log.info("node %s: leak detectors readable again", name)
             memory.unreadable = ""
+        if not readings and not memory.states:
+            # Nothing to watch (and nothing remembered that could change):
+            # look again after ``rediscover``.
+            log.debug("node %s: its BMC shows no leak detectors", name)
+            memory.none_at = time.monotonic()
+        else:
+            memory.none_at = None
         return readings
 
     # -- judging ---------------------------------------------------------------

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from controller.policies.caps import CapLedger, PastAction
-from controller.policies.readings import SeriesValue, series_values
+from controller.policies.readings import SeriesValue, Value, metric_values, series_labels
 from controller.policies.rules import (
     ActionKind,
     ActionSpec,
@@ -36,6 +36,7 @@ from controller.policies.rules import (
     RecoveryAction,
     Rule,
     RuleSet,
+    Thresholds,
 )
 from controller.policies.samples import HealthSample
 
@@ -127,8 +128,15 @@ class PolicyEngine:
             )
         self._last_at[sample.node] = sample.at
         actions: list[Action] = []
+        # Rules on one metric (and the same fallback thresholds) read the
+        # same values: each is read once per sample.
+        read: dict[tuple[Metric, Thresholds], list[Value | None]] = {}
         for rule in self._rules.rules:
-            actions.extend(self._evaluate(rule, sample, gap))
+            key = (rule.when.metric, rule.thresholds)
+            values = read.get(key)
+            if values is None:
+                values = read[key] = metric_values(rule.when.metric, sample, rule.thresholds)
+            actions.extend(self._evaluate(rule, sample, gap, values))
         return actions
 
     def tick(self, now: float) -> list[Action]:
@@ -183,10 +191,25 @@ class PolicyEngine:
                 out.extend((rule.name, f.kind, f.due) for f in state.pending if not f.cancelled)
         return sorted(out, key=lambda p: p[2])
 
-    def _evaluate(self, rule: Rule, sample: HealthSample, gap: bool) -> list[Action]:
-        state = self._state.setdefault((rule.name, sample.node), _RuleNodeState())
-        values = series_values(rule.when.metric, sample, rule.thresholds)
-        holding = [v for v in values if v.value is not None and rule.when.holds(v.value)]
+    def _evaluate(
+        self, rule: Rule, sample: HealthSample, gap: bool, read: list[Value | None]
+    ) -> list[Action]:
+        holds = rule.when.holds
+        key = (rule.name, sample.node)
+        state = self._state.get(key)
+        if not rule.when.holds_for_any(read) and (state is None or not state.active):
+            # The common case: nothing holds and no episode is on, so no
+            # streak goes on and nothing fires.
+            if state is not None:
+                state.streaks = {}
+            return []
+        if state is None:
+            state = self._state[key] = _RuleNodeState()
+        values = [
+            SeriesValue(series, v, gpu)
+            for (series, gpu), v in zip(series_labels(sample), read, strict=True)
+        ]
+        holding = [v for v in values if v.value is not None and holds(v.value)]
         previous = {} if gap else state.streaks
         streaks: dict[str, _Streak] = {}
         for v in holding:

@@ -11,7 +11,9 @@ action nor count toward ``for:``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from controller.policies.rules import Metric, RecoveryAction, Thresholds
 from controller.policies.samples import GpuReading, HealthSample
@@ -59,38 +61,53 @@ def series_values(metric: Metric, sample: HealthSample, fallback: Thresholds) ->
     Agent samples yield one series per GPU; BMC samples yield one series per
     sensor, and only for temperature metrics (they carry nothing else).
     """
+    labels = series_labels(sample)
+    values = metric_values(metric, sample, fallback)
+    return [SeriesValue(series, v, gpu) for (series, gpu), v in zip(labels, values, strict=True)]
+
+
+def series_labels(sample: HealthSample) -> list[tuple[str, int | None]]:
+    """Each series of ``sample``: its name and its GPU's index (None: a BMC sensor)."""
     if sample.source == "bmc":
+        return [(f"bmc{i}", None) for i in range(len(sample.bmc_temps_c))]
+    return [(f"gpu{g.index}", g.index) for g in sample.gpus]
+
+
+def metric_values(metric: Metric, sample: HealthSample, fallback: Thresholds) -> list[Value | None]:
+    """``series_values`` without the names, in the same order: what the engine
+    reads of every sample for every rule, so it builds no objects for it."""
+    if sample.source == "bmc":
+        return [_temp_metric(metric, t, None, None, fallback) for t in sample.bmc_temps_c]
+    read = _GPU_READERS.get(metric)
+    if read is None:
         return [
-            SeriesValue(f"bmc{i}", _temp_metric(metric, t, None, None, fallback))
-            for i, t in enumerate(sample.bmc_temps_c)
+            _temp_metric(metric, g.temp_c, g.slowdown_c, g.shutdown_c, fallback)
+            for g in sample.gpus
         ]
-    return [
-        SeriesValue(f"gpu{g.index}", _gpu_value(metric, g, fallback), g.index) for g in sample.gpus
-    ]
+    return [read(g) for g in sample.gpus]
 
 
 def _gpu_value(metric: Metric, gpu: GpuReading, fallback: Thresholds) -> Value | None:
-    if metric is Metric.XID:
-        return tuple(gpu.xids)
-    if metric is Metric.GPU_LOST:
-        return bool(gpu.lost)
-    if metric is Metric.REMAP_FAILURE:
-        return gpu.remap_failure if isinstance(gpu.remap_failure, bool) else None
-    if metric is Metric.REMAP_PENDING:
-        return gpu.remap_pending if isinstance(gpu.remap_pending, bool) else None
-    if metric is Metric.NVLINK_DOWN:
-        down = gpu.nvlink_down
-        return float(down) if isinstance(down, int) and not isinstance(down, bool) else None
-    if metric is Metric.RECOVERY_ACTION:
-        return _recovery_action(gpu)
-    if metric is Metric.FABRIC_DEGRADED:
-        return gpu.fabric_degraded if isinstance(gpu.fabric_degraded, bool) else None
-    if metric is Metric.ECC_DBE_VOLATILE:
-        dbe = gpu.dbe_volatile
-        if isinstance(dbe, bool) or not isinstance(dbe, int) or dbe < 0:
-            return None
-        return float(dbe)
-    return _temp_metric(metric, gpu.temp_c, gpu.slowdown_c, gpu.shutdown_c, fallback)
+    read = _GPU_READERS.get(metric)
+    if read is None:
+        return _temp_metric(metric, gpu.temp_c, gpu.slowdown_c, gpu.shutdown_c, fallback)
+    return read(gpu)
+
+
+def _known_bool(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _nvlink_down(gpu: GpuReading) -> float | None:
+    down = gpu.nvlink_down
+    return float(down) if isinstance(down, int) and not isinstance(down, bool) else None
+
+
+def _dbe_volatile(gpu: GpuReading) -> float | None:
+    dbe = gpu.dbe_volatile
+    if isinstance(dbe, bool) or not isinstance(dbe, int) or dbe < 0:
+        return None
+    return float(dbe)
 
 
 def _recovery_action(gpu: GpuReading) -> float | None:
@@ -100,6 +117,22 @@ def _recovery_action(gpu: GpuReading) -> float | None:
         return None
     action = RecoveryAction.known(code)
     return None if action is None else float(action)
+
+
+# How each metric that is not a temperature is read off one GPU; looked up
+# once per rule and sample, not tested metric by metric for every GPU.
+_GPU_READERS: Mapping[Metric, Callable[[GpuReading], Value | None]] = MappingProxyType(
+    {
+        Metric.XID: lambda gpu: tuple(gpu.xids),
+        Metric.GPU_LOST: lambda gpu: bool(gpu.lost),
+        Metric.REMAP_FAILURE: lambda gpu: _known_bool(gpu.remap_failure),
+        Metric.REMAP_PENDING: lambda gpu: _known_bool(gpu.remap_pending),
+        Metric.NVLINK_DOWN: _nvlink_down,
+        Metric.RECOVERY_ACTION: _recovery_action,
+        Metric.FABRIC_DEGRADED: lambda gpu: _known_bool(gpu.fabric_degraded),
+        Metric.ECC_DBE_VOLATILE: _dbe_volatile,
+    }
+)
 
 
 def _temp_metric(

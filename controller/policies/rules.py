@@ -8,7 +8,7 @@ state (see :mod:`controller.policies.engine`). Every value is immutable, so a
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
@@ -156,6 +156,28 @@ class Condition:
             return observed in self.value
         assert not isinstance(self.value, frozenset) and not isinstance(observed, tuple)
         return COMPARISONS[self.op](observed, self.value)
+
+    def holds_for_any(self, observed: Sequence[float | bool | tuple[int, ...] | None]) -> bool:
+        """Whether ``holds`` for some known (not None) value of ``observed``:
+        every rule asks this of every report, so a comparison is looked up once."""
+        if self.op is Op.IN:
+            assert isinstance(self.value, frozenset)
+            wanted = self.value
+            for v in observed:
+                if v is None:
+                    continue
+                if isinstance(v, tuple):
+                    if not wanted.isdisjoint(v):
+                        return True
+                elif v in wanted:
+                    return True
+            return False
+        compare = COMPARISONS[self.op]
+        limit = self.value
+        for v in observed:
+            if v is not None and compare(v, limit):  # type: ignore[arg-type]
+                return True
+        return False
 
     def describe(self) -> str:
         if self.metric is Metric.RECOVERY_ACTION:

@@ -7,19 +7,24 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
-from bmc_peers import PASSWORD, USER
+from bmc_peers import PASSWORD, USER, make_pool
 from conftest import Rig, make_rig
 
+from controller.bmc.gateway import PoolGateway
 from controller.core.errors import FailedPrecondition
+from controller.core.fleet import Fleet
 from controller.core.kinds import EventKind
-from controller.core.model import EnrollSpec
+from controller.core.model import BmcTarget, EnrollSpec, LeakReading
+from controller.core.ports import Store
 from controller.core.states import NodeState, PowerState
 from controller.sim.fault_proxy import FaultProxy
 from controller.sim.ports import free_port
-from controller.sim.redfish_emulator import RedfishEmulator
+from controller.sim.redfish_emulator import RedfishEmulator, make_systems
 from controller.store.engine import default_sqlite_url, open_engine
 from controller.store.secrets import SecretBox
 from controller.store.sql_store import SqlStore
@@ -287,3 +292,70 @@ async def test_clearing_with_unreadable_detectors_goes_ahead_and_a_later_critica
         assert (await rig.record(TRAY)).power_block, "blocked again"
         assert len(await rig.events(EventKind.NODE_LEAK)) == 2
         assert await rig.emulator.system_power(TRAY) == "Off"
+
+
+class _CountingGateway(PoolGateway):
+    """The real gateway, counting the leak detector reads asked of it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.leak_reads: Counter[str] = Counter()
+
+    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
+        self.leak_reads[target.node] += 1
+        return await super().leak_detectors(target)
+
+
+@pytest.mark.timeout(90)
+async def test_a_bmc_without_leak_detectors_is_asked_again_only_after_rediscover(
+    store: Store,
+) -> None:
+    """A Redfish chassis without detectors costs one read per ``rediscover``
+    (not one per pass); a node beside it with detectors is read every pass,
+    and its leak is acted on all the same."""
+    bare = make_systems(2, prefix="bare-", power_state="On")
+    async with (
+        RedfishEmulator(bare, username=USER, password=PASSWORD, leak_detection=False) as no_leaks,
+        RedfishEmulator(
+            make_systems(2, power_state="On"), username=USER, password=PASSWORD
+        ) as with_leaks,
+    ):
+        gateway = _CountingGateway(make_pool(call_timeout=5.0), power_timeout=20.0)
+        fleet = Fleet(store, gateway)
+        try:
+            await fleet.nodes.loaded()
+            for name, emulator in (("bare-00000", no_leaks), ("node-00001", with_leaks)):
+                await fleet.enroll(
+                    EnrollSpec(
+                        name=name,
+                        bmc_url=emulator.system_url(name),
+                        username=USER,
+                        password=PASSWORD,
+                        rack="r1",
+                    )
+                )
+
+            async def passes(count: int) -> None:
+                for _ in range(count):
+                    await fleet.leaks.run_once()
+                    await fleet.leaks.settle()
+
+            await passes(3)
+            assert gateway.leak_reads == {"bare-00000": 1, "node-00001": 3}
+
+            await with_leaks.set_leak_detector("node-00001", DetectorState="Critical")
+            await passes(1)
+            assert await with_leaks.system_power("node-00001") == "Off"
+            assert gateway.leak_reads["bare-00000"] == 1, "still not asked again"
+
+            fleet.leaks.rediscover = 0.0  # the next read of it comes due at once
+            await passes(1)
+            await passes(1)
+            assert gateway.leak_reads["bare-00000"] == 3, "asked on each pass once due"
+            events = [
+                e for e in await fleet.events.since(0, limit=1000) if e.kind == EventKind.NODE_LEAK
+            ]
+            assert [e.node for e in events] == ["node-00001"]
+        finally:
+            await fleet.leaks.stop()
+            await gateway.close()
