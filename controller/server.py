@@ -258,7 +258,11 @@ class ControllerServer:
         self._trouble = asyncio.Event()  # a database call saw the connection gone
         self._loop: asyncio.AbstractEventLoop | None = None
         self._services = _KilnServices()
-        self._auth = AuthInterceptor(enabled=self.auth_enabled, simulation=config.simulation)
+        self._auth = AuthInterceptor(
+            enabled=self.auth_enabled,
+            simulation=config.simulation,
+            certificates=config.tls_client_ca is not None,
+        )
         self._health: health.aio.HealthServicer | None = None
         self._publisher_task: asyncio.Task[None] | None = None
 

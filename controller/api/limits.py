@@ -48,6 +48,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from controller.api.errors import message_for, status_for
+from controller.api.handler_cache import HandlerCache
 from controller.core.deadline import caller_deadline
 from controller.core.errors import InvalidArgument, KilnError
 from controller.core.nodes import MAX_GPUS_PER_NODE, NAME_MAX
@@ -395,6 +396,7 @@ class RequestLimits(grpc.aio.ServerInterceptor):
         self.buckets = TokenBuckets(rate, burst if burst is not None else 2 * rate, clock=clock)
         self.streams = StreamSlots(max_streams)
         self.checker = Checker()
+        self._handlers = HandlerCache()
 
     async def intercept_service(
         self,
@@ -406,7 +408,9 @@ class RequestLimits(grpc.aio.ServerInterceptor):
         type_name = REQUEST_TYPES.get(method)
         if handler is None or type_name is None:
             return handler
-        return self._wrap(handler, method, type_name)
+        return self._handlers.wrapped(
+            method, handler, lambda inner: self._wrap(inner, method, type_name)
+        )
 
     def _wrap(
         self, handler: grpc.RpcMethodHandler, method: str, type_name: str

@@ -162,13 +162,19 @@ class CallContext(Protocol):
     def auth_context(self) -> Mapping[str, Iterable[bytes]]: ...
 
 
-async def identify(context: CallContext, fleet: Authenticator, *, enabled: bool) -> Caller:
+async def identify(
+    context: CallContext, fleet: Authenticator, *, enabled: bool, certificates: bool = True
+) -> Caller:
     """The caller of a call (see the module docstring).
+
+    ``certificates``: whether the server asks clients for certificates
+    (mutual TLS); when it does not, none can come, and the call's auth
+    context (costly to build on every call) is not read.
 
     Raises Unauthenticated (authentication on): no credentials, a bad or
     unusable token, an unreadable certificate or one with a bad role.
     """
-    cert = peer_certificate(context.auth_context())
+    cert = peer_certificate(context.auth_context()) if certificates else None
     if not enabled:
         name = cert.label if cert is not None else ANONYMOUS.name
         return Caller(name, Role.ADMIN, Via.NONE, subject=cert.subject if cert else "")

@@ -42,6 +42,7 @@ from controller.api.auth.roles import (
     short_name,
 )
 from controller.api.errors import message_for
+from controller.api.handler_cache import HandlerCache
 from controller.core.audit import AuditEntry
 from controller.core.errors import Unauthenticated
 from controller.core.identity import Caller
@@ -73,17 +74,23 @@ def on_loopback(listen: str) -> bool:
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """``enabled``: authentication and the role table are enforced;
-    ``simulation``: simulation-only RPCs are served. ``serve(fleet)`` once the
-    controller is active."""
+    ``simulation``: simulation-only RPCs are served; ``certificates``: the
+    server asks clients for certificates (without it none is looked for).
+    ``serve(fleet)`` once the controller is active."""
 
-    def __init__(self, *, enabled: bool, simulation: bool = False) -> None:
+    def __init__(
+        self, *, enabled: bool, simulation: bool = False, certificates: bool = True
+    ) -> None:
         self.enabled = enabled
         self.simulation = simulation
+        self.certificates = certificates  # the server asks clients for certificates (mTLS)
         self._fleet: Fleet | None = None
         self._pending: set[asyncio.Task[None]] = set()
+        self._handlers = HandlerCache()
 
     def serve(self, fleet: Fleet) -> None:
         self._fleet = fleet
+        self._handlers.clear()
 
     async def intercept_service(
         self,
@@ -99,7 +106,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 handler,
                 f"{short_name(method)} exists only on a controller started with --simulation",
             )
-        return _Guard(self, self._fleet, method).wrap(handler)
+        fleet = self._fleet
+        return self._handlers.wrapped(
+            method, handler, lambda inner: _Guard(self, fleet, method).wrap(inner)
+        )
 
     def keep(self, task: asyncio.Task[None]) -> None:
         self._pending.add(task)
@@ -121,7 +131,12 @@ class _Guard:
     async def admit(self, request: object, context: Ctx) -> Caller:
         """The caller, allowed to make this call; else audit and abort."""
         try:
-            caller = await identify(context, self._fleet, enabled=self._owner.enabled)
+            caller = await identify(
+                context,
+                self._fleet,
+                enabled=self._owner.enabled,
+                certificates=self._owner.certificates,
+            )
         except Unauthenticated as e:
             await self._refuse(
                 None, request, context, grpc.StatusCode.UNAUTHENTICATED, message_for(e)
