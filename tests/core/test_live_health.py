@@ -109,6 +109,42 @@ async def test_flushes_write_in_batches_and_keep_what_failed(
     assert await live.flush() == 0
 
 
+class ReportingStore(CountingStore):
+    """A store during whose first write another report lands."""
+
+    def __init__(self, inner: Store, live: Callable[[], LiveHealth], node: str) -> None:
+        super().__init__(inner)
+        self._live = live
+        self._node = node
+
+    async def tx(self, fn: Callable[[Tx], T]) -> T:
+        if self.transactions == 0:
+            self._live().note(self._node, report(500.0, 88.0))
+        return await super().tx(fn)
+
+
+@pytest.mark.timeout(60)
+async def test_a_flush_writes_what_was_waiting_when_it_began(
+    make_fleet: Callable[..., Fleet], store: Store
+) -> None:
+    """A report that lands while a flush writes waits for the next flush: a
+    flush does not chase the reports that come in meanwhile."""
+    fleet = make_fleet()
+    first, second = await enrolled(fleet, 2)
+    live: LiveHealth | None = None
+    counting = ReportingStore(store, lambda: live, second)  # type: ignore[arg-type,return-value]
+    live = LiveHealth(counting, batch=10)  # type: ignore[arg-type]
+    live.note(first, report(400.0))
+    assert await live.flush() == 1
+    assert counting.transactions == 1, "one write: the report that came during it waits"
+    assert live.pending == 1
+    assert await stored_health(store, second) is None
+    assert await live.flush() == 1
+    stored = await stored_health(store, second)
+    assert stored is not None and stored.sampled_at == 500.0
+    assert live.pending == 0
+
+
 @pytest.mark.timeout(60)
 async def test_a_sighting_keeps_the_stored_report(
     make_fleet: Callable[..., Fleet], store: Store
