@@ -45,9 +45,8 @@ def hottest_c(health: HealthReport) -> float | None:
 
 
 DEFAULT_FLUSH_INTERVAL = 5.0  # seconds: the most samples a crash loses
-# Nodes per bulk UPDATE (one transaction each). SQLite writes run on the
-# event loop (controller/store/sql_store.py): a batch holds it for its time,
-# about 40-80 ms for 250 nodes' reports on a 2-core machine under load.
+# Nodes per bulk UPDATE (one transaction each): the writes queued behind a
+# flush (an allocation, a transition) wait for one batch, not the whole fleet.
 DEFAULT_BATCH = 250
 HISTORY = 60  # recent (time, hottest GPU °C) points kept per node, for the dashboard
 

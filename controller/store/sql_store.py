@@ -1,26 +1,10 @@
-"""The core's ``Store`` port on SQLAlchemy.
+"""The core's ``Store`` port on SQLAlchemy: transactions off the event loop.
 
 Every unit of work is a plain function of a ``Tx`` that runs inside one
-transaction. Writes run one group at a time, in order (SQLite sees one
-writer at a time); reads run on threads of their own, so that a read never
-queues behind writes. Events the unit of work records commit with it (the
-outbox), and only then are listeners told.
-
-Where the writes run: PostgreSQL's on one worker thread (each statement is a
-network round trip). SQLite's on the event loop itself (``inline``): a
-SQLite statement is a few microseconds of C, but from a thread each one
-gives the GIL up and must take it back, and while the event loop is busy
-(thousands of agent reports a second) every take waits up to the
-interpreter's switch interval (5 ms). At 1,000 reporting agents that made a
-group commit take 2-3x its CPU time in wall time and a 1,000-row health
-batch half a second; inline, a group's wall time is its CPU time (measured
-with ``bench/fleet_scale.py``: allocations through the API 2x faster at
-1,000 nodes reporting every second). The loop is held for one group at a
-time (a millisecond or so; a health batch of ``LiveHealth.batch`` rows the
-longest). SQLite's WAL checkpoints (the copy back into the database file,
-with its fsyncs) are run by a reader thread at most once a second after
-writes (``checkpoint_every``), PASSIVE, so that a commit on the loop seldom
-finds 1,000 pages to checkpoint itself.
+transaction on a worker thread, so the asyncio services never block on the
+database: writes on one thread (SQLite sees one writer at a time), reads on
+threads of their own, so that a read never queues behind writes. Events the unit of work
+records commit with it (the outbox), and only then are listeners told.
 
 Group commit: the writes queued while the thread was busy run together, in
 order, in one transaction with one commit (up to ``GROUP_MAX``), which is
@@ -38,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -59,7 +42,6 @@ log = logging.getLogger(__name__)
 
 GROUP_MAX = 256  # units of work committed together, at most
 READ_THREADS = 2  # reads beside the one writer
-CHECKPOINT_EVERY = 1.0  # seconds: SQLite's WAL checkpoints after writes, at most this often
 
 
 @dataclass
@@ -140,24 +122,12 @@ class SqlStore:
         engine: from ``controller.store.engine.open_engine``.
         secrets: seals and opens BMC passwords; a fresh random key by default
             (fine for tests, useless across restarts).
-        inline: run writes on the event loop (the module docstring); by
-            default for SQLite only.
     """
 
     def __init__(
-        self,
-        engine: Engine,
-        *,
-        secrets: SecretBox | None = None,
-        workers: int = 1,
-        inline: bool | None = None,
+        self, engine: Engine, *, secrets: SecretBox | None = None, workers: int = 1
     ) -> None:
         self.engine = engine
-        self.inline = engine.dialect.name == "sqlite" if inline is None else inline
-        self.checkpoint_every = CHECKPOINT_EVERY
-        self.checkpoints = 0  # WAL checkpoints run (SQLite, inline)
-        self._checkpointing: concurrent.futures.Future[None] | None = None
-        self._checkpointed_at = time.monotonic()
         self._secrets = secrets or SecretBox(Fernet.generate_key())
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="kiln-db"
@@ -249,11 +219,7 @@ class SqlStore:
             group, self._queued = self._queued[:GROUP_MAX], self._queued[GROUP_MAX:]
             fns = [fn for fn, _ in group]
             try:
-                if self.inline:
-                    outcomes = self._run_group(fns)
-                    self._checkpoint_soon()
-                else:
-                    outcomes = await loop.run_in_executor(self._pool, self._run_group, fns)
+                outcomes = await loop.run_in_executor(self._pool, self._run_group, fns)
             except BaseException as e:  # the pool shut down, or this task was cancelled
                 for _, future in group:
                     if not future.done():
@@ -269,28 +235,6 @@ class SqlStore:
                         allocation_listener(outcome.allocations)
                 if not future.done():
                     future.set_result(outcome)
-
-    def _checkpoint_soon(self) -> None:
-        """A PASSIVE WAL checkpoint on a reader thread, unless one ran less
-        than ``checkpoint_every`` ago or is still running."""
-        now = time.monotonic()
-        running = self._checkpointing is not None and not self._checkpointing.done()
-        if running or now - self._checkpointed_at < self.checkpoint_every:
-            return
-        self._checkpointed_at = now
-        try:
-            self._checkpointing = self._read_pool.submit(self._checkpoint)
-        except RuntimeError:  # the pool is shut down: the store is closing
-            self._checkpointing = None
-
-    def _checkpoint(self) -> None:
-        try:
-            with self.engine.connect() as connection:
-                connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
-        except SQLAlchemyError as e:  # the next one tries again
-            log.warning("SQLite WAL checkpoint failed: %s", _first_line(e))
-            return
-        self.checkpoints += 1
 
     async def tx(self, fn: Callable[[SqlTx], T]) -> T:
         loop = asyncio.get_running_loop()
