@@ -103,6 +103,15 @@ class PolicyEngine:
 
     def __init__(self, rules: RuleSet, history: Iterable[PastAction] = ()) -> None:
         self._rules = rules
+        # Rules on one metric (and the same fallback thresholds) read the same
+        # values: each (metric, thresholds) is read once per sample, and each
+        # rule is paired with the index of the one it reads.
+        reads: dict[tuple[Metric, Thresholds], int] = {}
+        self._plan = tuple(
+            (rule, reads.setdefault((rule.when.metric, rule.thresholds), len(reads)))
+            for rule in rules.rules
+        )
+        self._reads = tuple(reads)
         self._state: dict[tuple[str, str], _RuleNodeState] = {}
         self._last_at: dict[str, float] = {}
         self._caps = CapLedger(rules)
@@ -128,15 +137,9 @@ class PolicyEngine:
             )
         self._last_at[sample.node] = sample.at
         actions: list[Action] = []
-        # Rules on one metric (and the same fallback thresholds) read the
-        # same values: each is read once per sample.
-        read: dict[tuple[Metric, Thresholds], list[Value | None]] = {}
-        for rule in self._rules.rules:
-            key = (rule.when.metric, rule.thresholds)
-            values = read.get(key)
-            if values is None:
-                values = read[key] = metric_values(rule.when.metric, sample, rule.thresholds)
-            actions.extend(self._evaluate(rule, sample, gap, values))
+        read = [metric_values(metric, sample, fallback) for metric, fallback in self._reads]
+        for rule, i in self._plan:
+            actions.extend(self._evaluate(rule, sample, gap, read[i]))
         return actions
 
     def tick(self, now: float) -> list[Action]:

@@ -55,17 +55,6 @@ def plausible_threshold(t: float | None) -> float | None:
     return t if t is not None and t > 0 else None
 
 
-def series_values(metric: Metric, sample: HealthSample, fallback: Thresholds) -> list[SeriesValue]:
-    """The value of ``metric`` for every series of ``sample``.
-
-    Agent samples yield one series per GPU; BMC samples yield one series per
-    sensor, and only for temperature metrics (they carry nothing else).
-    """
-    labels = series_labels(sample)
-    values = metric_values(metric, sample, fallback)
-    return [SeriesValue(series, v, gpu) for (series, gpu), v in zip(labels, values, strict=True)]
-
-
 def series_labels(sample: HealthSample) -> list[tuple[str, int | None]]:
     """Each series of ``sample``: its name and its GPU's index (None: a BMC sensor)."""
     if sample.source == "bmc":
@@ -74,8 +63,11 @@ def series_labels(sample: HealthSample) -> list[tuple[str, int | None]]:
 
 
 def metric_values(metric: Metric, sample: HealthSample, fallback: Thresholds) -> list[Value | None]:
-    """``series_values`` without the names, in the same order: what the engine
-    reads of every sample for every rule, so it builds no objects for it."""
+    """The value of ``metric`` for every series of ``sample``, in the order of
+    ``series_labels``: agent samples yield one per GPU; BMC samples one per
+    sensor, and only for temperature metrics (they carry nothing else). The
+    engine reads this of every sample for every rule, so it builds no
+    objects for it."""
     if sample.source == "bmc":
         return [_temp_metric(metric, t, None, None, fallback) for t in sample.bmc_temps_c]
     read = _GPU_READERS.get(metric)
@@ -85,13 +77,6 @@ def metric_values(metric: Metric, sample: HealthSample, fallback: Thresholds) ->
             for g in sample.gpus
         ]
     return [read(g) for g in sample.gpus]
-
-
-def _gpu_value(metric: Metric, gpu: GpuReading, fallback: Thresholds) -> Value | None:
-    read = _GPU_READERS.get(metric)
-    if read is None:
-        return _temp_metric(metric, gpu.temp_c, gpu.slowdown_c, gpu.shutdown_c, fallback)
-    return read(gpu)
 
 
 def _known_bool(value: object) -> bool | None:
