@@ -338,10 +338,18 @@ def check_run_pb(run: CheckRunInfo) -> fleet_pb2.CheckRun:
     )
 
 
+_ALLOCATION_PLAIN = tuple(
+    f.name for f in dataclasses.fields(AllocationInfo) if f.name not in ("spec", "state")
+)
+
+
 def allocation_pb(a: AllocationInfo) -> fleet_pb2.Allocation:
-    fields = dataclasses.asdict(a)
-    fields.update(spec=spec_pb(a.spec), state=ALLOCATION_STATE.get(a.state, 0))
-    return fleet_pb2.Allocation(**fields)
+    # Field by field: ``asdict`` deep-copies the spec only for it to be replaced.
+    return fleet_pb2.Allocation(
+        spec=spec_pb(a.spec),
+        state=ALLOCATION_STATE.get(a.state, 0),
+        **{name: getattr(a, name) for name in _ALLOCATION_PLAIN},
+    )
 
 
 def allocation_report_pb(r: AllocationReport) -> fleet_pb2.AllocationReport:

@@ -468,9 +468,11 @@ class Allocations:
                 node.allocation_id = ""
                 # Still preparing for the allocation: go to the node's own baseline.
                 node.allocation_profile = None
-                tx.nodes.save(node)
-                if node.state == NodeState.ALLOCATED:
-                    move(tx, node, NodeState.RELEASING, f"released by {alloc.id}")
+                # One write: the move saves the node with the fields above.
+                if node.state != NodeState.ALLOCATED or not move(
+                    tx, node, NodeState.RELEASING, f"released by {alloc.id}"
+                ):
+                    tx.nodes.save(node)
             alloc.state = A.RELEASED
             alloc.reason = "released"
             alloc.updated_at = time.time()

@@ -539,16 +539,18 @@ class Lifecycle:
         def write(tx: Tx) -> bool:
             node = load_node(tx, row.name)
             node.applied_profile = ""
-            tx.nodes.save(node)
+            # One write: a move saves the node with its profile cleared.
             if node.profile:  # back to the node's own baseline before the next job
-                move(
+                if not move(
                     tx,
                     node,
                     S.PREPARING,
                     f"GPUs reset after release; preparing to baseline {node.profile}",
-                )
+                ):
+                    tx.nodes.save(node)
                 return False
-            move(tx, node, S.READY, "GPUs reset to defaults after release")
+            if not move(tx, node, S.READY, "GPUs reset to defaults after release"):
+                tx.nodes.save(node)
             return True
 
         return await self._store.tx(write)

@@ -30,6 +30,7 @@ from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
 from controller.store.models import AllocationRow, EventRow, GpuRow, NodeRow, TokenRow
 from controller.store.secrets import SecretBox
+from controller.store.writer_rows import TableRows
 
 # -- JSON columns --------------------------------------------------------------
 
@@ -234,7 +235,9 @@ _IN_CHUNK = 900  # names bound in one IN (...): under SQLite's oldest limit of 9
 # statements built once: the ORM's identity map and unit of work cost several
 # times the statement itself, and every scheduling pass, admission and release
 # reads and saves them. Each repository keeps the columns it last read or
-# wrote per row (``_stored``), so a save sends only what changed.
+# wrote per row (``_stored``), so a save sends only what changed; in a write
+# transaction those are the writer's rows (``writer_rows.py``), so a get by
+# key of a row the writer already knows needs no SELECT.
 _NODES = NodeRow.__table__  # type: ignore[attr-defined]
 _ALLOCATIONS = AllocationRow.__table__  # type: ignore[attr-defined]
 _NODE_COLUMNS = tuple(c for c in _NODES.c if c.name != "bmc_password")
@@ -262,11 +265,12 @@ _LAST_SUBMITTED = core_select(func.max(_ALLOCATIONS.c.submitted))
 
 
 class SqlNodes:
-    def __init__(self, session: Session, secrets: SecretBox) -> None:
+    def __init__(self, session: Session, secrets: SecretBox, rows: TableRows | None = None) -> None:
         self._session = session
         self._secrets = secrets
         self._connection: Connection | None = None
-        self._stored: dict[str, dict[str, Any]] = {}  # columns as last read or written
+        # Columns as last read or written (no health, no password).
+        self._stored = rows if rows is not None else TableRows()
         # What this transaction saved, for the in-memory view once it commits
         # (``controller.core.node_view``): each record as of its last save.
         self._saved: dict[str, NodeRecord] = {}
@@ -289,7 +293,7 @@ class SqlNodes:
             self._session.delete(token)  # its agent's tokens go with it
         self._session.flush()
         self._execute(_NODE_DELETE, {"b_name": name})
-        self._stored.pop(name, None)
+        self._stored.remove(name)
         self._saved.pop(name, None)
         self._gpus_set.pop(name, None)
         self._removed.add(name)
@@ -302,11 +306,16 @@ class SqlNodes:
         found = []
         for row in rows:
             values = row._asdict()
-            self._stored[values["name"]] = values
             found.append(node_record(values, with_health=with_health))
+            values.pop("health_json", None)
+            self._stored[values["name"]] = values
         return found
 
     def get(self, name: str, *, with_health: bool = True) -> NodeRecord | None:
+        if not with_health:
+            known = self._stored.get(name)
+            if known is not None:
+                return node_record(known, with_health=False)
         rows = self._execute(_NODE_BY_NAME[with_health], {"b_name": name})
         found = self._records(rows, with_health=with_health)
         return found[0] if found else None
@@ -384,6 +393,7 @@ class SqlNodes:
         values = {"health_json": health_to_json(health), "agent_last_seen": seen_at}
         if not self._execute(_NODE_UPDATE, {"b_name": name, **values}).rowcount:
             return None
+        self._stored.touch(name, agent_last_seen=seen_at)
         return self.get(name)
 
     def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
@@ -399,6 +409,9 @@ class SqlNodes:
         if rows:
             # An ORM bulk UPDATE by primary key: one executemany, no row loaded.
             self._session.execute(update(NodeRow), rows)
+            for s in samples:
+                if s.node in known:
+                    self._stored.touch(s.node, agent_last_seen=s.seen_at)
         return len(rows)
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:
@@ -451,10 +464,10 @@ class SqlNodes:
 
 
 class SqlAllocations:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, rows: TableRows | None = None) -> None:
         self._session = session
         self._connection: Connection | None = None
-        self._stored: dict[str, dict[str, Any]] = {}  # columns as last read or written
+        self._stored = rows if rows is not None else TableRows()  # as last read or written
         # Each allocation added or saved, as of its last save: what the
         # commit tells the in-memory view (``core/allocation_view.py``).
         self.saved: dict[str, AllocationRecord] = {}
@@ -473,6 +486,9 @@ class SqlAllocations:
         return found
 
     def get(self, ident: str) -> AllocationRecord | None:
+        known = self._stored.get(ident)
+        if known is not None:
+            return allocation_record(known)
         found = self._records(self._execute(_ALLOCATION_BY_ID, {"b_id": ident}))
         return found[0] if found else None
 
@@ -527,6 +543,7 @@ class SqlAllocations:
 
 
 _EVENTS = EventRow.__table__  # type: ignore[attr-defined]
+_EVENT_INSERT = insert(_EVENTS)
 
 
 def _events_since(node: bool, allocation: bool, kinds: bool) -> Any:
@@ -576,7 +593,7 @@ class SqlEvents:
             rows = list(self._rows)
             self._rows.clear()  # the list may be shared: emptied, not replaced
             # On the session's connection, past the ORM's bulk machinery.
-            self._session.connection().execute(insert(_EVENTS), rows)
+            self._session.connection().execute(_EVENT_INSERT, rows)
 
     def _read(self, stmt: Any) -> list[EventInfo]:
         """Plain rows on the session's connection (no ORM objects: a

@@ -36,6 +36,7 @@ from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord
 from controller.store.repositories import SqlAllocations, SqlEvents, SqlNodes, SqlTokens
 from controller.store.secrets import SecretBox
+from controller.store.writer_rows import TableRows, WriterRows
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -90,10 +91,12 @@ class SqlTx:
         session: Session,
         secrets: SecretBox,
         events: list[dict[str, Any]] | None = None,
+        rows: tuple[TableRows, TableRows] | None = None,
     ) -> None:
         self.session = session
-        self._nodes = SqlNodes(session, secrets)
-        self._allocations = SqlAllocations(session)
+        nodes, allocations = rows or (None, None)
+        self._nodes = SqlNodes(session, secrets, nodes)
+        self._allocations = SqlAllocations(session, allocations)
         self._events = SqlEvents(session, events)
         self._tokens = SqlTokens(session)
 
@@ -124,14 +127,14 @@ class SqlStore:
             (fine for tests, useless across restarts).
     """
 
-    def __init__(
-        self, engine: Engine, *, secrets: SecretBox | None = None, workers: int = 1
-    ) -> None:
+    def __init__(self, engine: Engine, *, secrets: SecretBox | None = None) -> None:
         self.engine = engine
         self._secrets = secrets or SecretBox(Fernet.generate_key())
+        # One writer: SQLite takes one at a time, and ``_rows`` is its alone.
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="kiln-db"
+            max_workers=1, thread_name_prefix="kiln-db"
         )
+        self._rows = WriterRows()  # the rows the writer last committed
         # Reads on threads of their own: a GetNode never waits behind a group
         # commit (SQLite's WAL lets readers run beside its one writer).
         self._read_pool = concurrent.futures.ThreadPoolExecutor(
@@ -158,8 +161,9 @@ class SqlStore:
     def _run(
         self, fn: Callable[[SqlTx], T], *, write: bool
     ) -> tuple[T, int, NodeChanges, dict[str, AllocationRecord]]:
+        rows = self._rows.begin() if write else None
         with Session(self.engine, expire_on_commit=False) as session:
-            tx = SqlTx(session, self._secrets)
+            tx = SqlTx(session, self._secrets, rows=rows)
             try:
                 result = fn(tx)
                 if write:
@@ -168,13 +172,24 @@ class SqlStore:
                 # A read ends with the session's close, which rolls back
                 # without expiring what it loaded.
             except IntegrityError as e:
-                session.rollback()
+                self._failed(session, write)
                 # Never the statement's parameters: they hold sealed secrets.
                 raise DuplicateKey("another write stored a record with the same key first") from e
             except (SQLAlchemyError, OverflowError) as e:  # sqlite3 raises OverflowError
-                session.rollback()  # unwrapped for an integer past 64 bits
+                self._failed(session, write)  # unwrapped for an integer past 64 bits
                 raise _store_error(e) from e
+            except BaseException:
+                self._failed(session, write)
+                raise
+            if rows is not None:
+                for table in rows:
+                    table.commit()
             return result, tx.events.added, tx.nodes.changes(), tx.allocations.saved
+
+    def _failed(self, session: Session, write: bool) -> None:
+        session.rollback()
+        if write:
+            self._rows.clear()  # what the database holds now is read anew
 
     def _alone(self, fn: Callable[[SqlTx], Any]) -> _Outcome:
         try:
@@ -187,12 +202,13 @@ class SqlStore:
         """Run ``fns`` in order in one transaction; on any failure, each alone."""
         if len(fns) == 1:
             return [self._alone(fns[0])]
+        rows = self._rows.begin()  # the group's, shared by its units in turn
         with Session(self.engine, expire_on_commit=False) as session:
             outcomes = []
             events: list[dict[str, Any]] = []  # the group's, sent in one INSERT
             try:
                 for fn in fns:
-                    tx = SqlTx(session, self._secrets, events)
+                    tx = SqlTx(session, self._secrets, events, rows)
                     result = fn(tx)
                     session.flush()  # a constraint fails here, at its own unit
                     outcomes.append(
@@ -207,8 +223,10 @@ class SqlStore:
                     SqlEvents(session, events).flush()
                 session.commit()
             except Exception:
-                session.rollback()
+                self._failed(session, write=True)
             else:
+                for table in rows:
+                    table.commit()
                 self.groups += 1
                 return outcomes
         return [self._alone(fn) for fn in fns]

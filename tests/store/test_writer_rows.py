@@ -1,0 +1,131 @@
+"""The writer's rows (``controller/store/writer_rows.py``): a unit of work reads
+a node or allocation the writer last committed without a SELECT, sees exactly
+what was committed, and nothing of a write that failed — on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from controller.core.errors import NotFound
+from controller.core.health import HealthSample
+from controller.core.model import AllocationSpec
+from controller.core.records import AllocationRecord, NodeRecord
+from controller.core.states import AllocationState, NodeState
+from controller.store.sql_store import SqlStore, SqlTx
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def node(name: str) -> NodeRecord:
+    return NodeRecord(name=name, bmc_url=f"redfish+http://127.0.0.1:9/{name}")
+
+
+@contextmanager
+def selects_from(engine: Engine, table: str) -> Iterator[list[str]]:
+    """The SELECTs sent that read ``table``, while the block runs."""
+    seen: list[str] = []
+
+    def listener(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and f"FROM {table}" in statement:
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+
+
+def set_state(name: str, state: NodeState, reason: str) -> Any:
+    def write(tx: SqlTx) -> None:
+        found = tx.nodes.get(name, with_health=False)
+        assert found is not None
+        found.state, found.state_reason = state, reason
+        tx.nodes.save(found)
+
+    return write
+
+
+def state_of(name: str) -> Any:
+    def read(tx: SqlTx) -> tuple[NodeState, str] | None:
+        found = tx.nodes.get(name, with_health=False)
+        return (found.state, found.state_reason) if found else None
+
+    return read
+
+
+async def test_a_write_reads_what_the_last_one_committed_without_a_select(
+    engine: Engine,
+) -> None:
+    store = SqlStore(engine)
+    try:
+        await store.tx(lambda tx: tx.nodes.add(node("wr-1"), "pw"))
+        alloc = AllocationRecord(id="wr-a1", key="wr-k1", spec=AllocationSpec(nodes=1))
+        await store.tx(lambda tx: tx.allocations.add(alloc))
+        await store.tx(set_state("wr-1", NodeState.INSPECTING, "powered on"))
+        with selects_from(engine, "nodes") as nodes, selects_from(engine, "allocations") as allocs:
+            seen = await store.tx(state_of("wr-1"))
+            got = await store.tx(lambda tx: tx.allocations.get("wr-a1"))
+        assert seen == (NodeState.INSPECTING, "powered on")
+        assert got is not None and got.spec == alloc.spec and got.state == AllocationState.PENDING
+        assert nodes == [] and allocs == []
+        # The database says the same (a read has no writer's rows: it asks).
+        with selects_from(engine, "nodes") as nodes:
+            assert await store.read(state_of("wr-1")) == seen
+        assert nodes
+    finally:
+        store.close()
+
+
+async def test_a_failed_write_leaves_nothing_behind_for_the_next(engine: Engine) -> None:
+    store = SqlStore(engine)
+    try:
+        await store.tx(lambda tx: tx.nodes.add(node("wr-2"), "pw"))
+        await store.tx(set_state("wr-2", NodeState.INSPECTING, "kept"))
+
+        def change_then_fail(tx: SqlTx) -> None:
+            set_state("wr-2", NodeState.QUARANTINED, "never")(tx)
+            raise NotFound(kind="node", name="other")
+
+        with pytest.raises(NotFound):
+            await store.tx(change_then_fail)
+        assert await store.tx(state_of("wr-2")) == (NodeState.INSPECTING, "kept")
+
+        # In a group: the failing unit's change is gone, the others' are kept
+        # and seen by the units after them.
+        results = await asyncio.gather(
+            store.tx(set_state("wr-2", NodeState.PREPARING, "first")),
+            store.tx(change_then_fail),
+            store.tx(state_of("wr-2")),
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], NotFound)
+        assert results[2] == (NodeState.PREPARING, "first")
+        assert await store.tx(state_of("wr-2")) == (NodeState.PREPARING, "first")
+        assert await store.read(state_of("wr-2")) == (NodeState.PREPARING, "first")
+    finally:
+        store.close()
+
+
+async def test_columns_written_past_a_record_and_removals_are_seen(engine: Engine) -> None:
+    store = SqlStore(engine)
+    try:
+        await store.tx(lambda tx: tx.nodes.add(node("wr-3"), "pw"))
+        await store.tx(lambda tx: tx.nodes.add(node("wr-4"), "pw"))
+        await store.tx(lambda tx: tx.nodes.save_health_batch([HealthSample("wr-3", None, 1234.5)]))
+        found = await store.tx(lambda tx: tx.nodes.get("wr-3", with_health=False))
+        assert found is not None and found.agent_last_seen == 1234.5
+
+        await store.tx(lambda tx: tx.nodes.remove("wr-4"))
+        assert await store.tx(state_of("wr-4")) is None
+        with pytest.raises(KeyError):
+            await store.tx(lambda tx: tx.nodes.save(node("wr-4")))
+    finally:
+        store.close()
