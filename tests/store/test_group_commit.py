@@ -135,3 +135,41 @@ async def test_a_groups_events_are_stored_in_unit_order_and_read_by_later_units(
         assert await store.read(stored("grp-b")) == ["first", "second"]  # type: ignore[arg-type]
     finally:
         store.close()
+
+
+@pytest.mark.timeout(120)
+async def test_many_events_in_one_unit_are_stored_whole_and_in_order(engine: Engine) -> None:
+    """More events than one INSERT carries: every one stored, in the order
+    recorded, with its data, and a rolled-back unit's none of them."""
+    store = SqlStore(engine)
+    try:
+
+        def many(allocation: str, count: int, fail: bool = False) -> object:
+            def write(tx: SqlTx) -> None:
+                for i in range(count):
+                    tx.events.add(
+                        NewEvent(
+                            at=float(i),
+                            kind=EventKind.ALLOCATION_WAITING,
+                            allocation=allocation,
+                            reason=f"r{i}",
+                            data={"i": i, "text": "100% 'quoted' ?"},
+                        )
+                    )
+                if fail:
+                    raise NotFound(kind="node", name="nope")
+
+            return write
+
+        await store.tx(many("grp-many", 250))  # type: ignore[arg-type]
+        with pytest.raises(NotFound):
+            await store.tx(many("grp-none", 120, fail=True))  # type: ignore[arg-type]
+        stored = await store.read(
+            lambda tx: tx.events.since(0, allocation="grp-many", limit=1000)  # type: ignore[arg-type,return-value]
+        )
+        assert [e.reason for e in stored] == [f"r{i}" for i in range(250)]
+        assert [e.seq for e in stored] == sorted({e.seq for e in stored})
+        assert stored[249].data == {"i": 249, "text": "100% 'quoted' ?"} and stored[7].at == 7.0
+        assert not await store.read(lambda tx: tx.events.since(0, allocation="grp-none"))  # type: ignore[arg-type,return-value]
+    finally:
+        store.close()
