@@ -263,23 +263,6 @@ _ALLOCATION_UPDATE = update(_ALLOCATIONS).where(_ALLOCATIONS.c.id == bindparam("
 _ALLOCATION_INSERT = insert(_ALLOCATIONS)
 _LAST_SUBMITTED = core_select(func.max(_ALLOCATIONS.c.submitted))
 
-# Statements sent in the driver's own SQL, for drivers with positional parameters.
-_MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s"}  # positional paramstyles
-_NODE_ROWS_PER_UPDATE = 300  # at most 900 parameters
-
-
-def _nodes_update_from_values(dialect: Any, columns: Sequence[str], count: int) -> str:
-    """UPDATE nodes SET ``columns`` FROM ``count`` rows of (name, *columns)."""
-    mark = _MARKS[dialect.paramstyle]
-    quote = dialect.identifier_preparer.quote
-    row = "(" + ", ".join([mark] * (len(columns) + 1)) + ")"
-    sets = ", ".join(f"{quote(c)} = v.column{i + 2}" for i, c in enumerate(columns))
-    table = quote(_NODES.name)
-    return (
-        f"UPDATE {table} SET {sets} FROM (VALUES {', '.join([row] * count)}) AS v "
-        f"WHERE {table}.{quote('name')} = v.column1"
-    )
-
 
 class SqlNodes:
     def __init__(self, session: Session, secrets: SecretBox, rows: TableRows | None = None) -> None:
@@ -414,32 +397,6 @@ class SqlNodes:
         return self.get(name)
 
     def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
-        connection = self._session.connection()
-        if _MARKS.get(connection.dialect.paramstyle) is None:
-            return self._save_health_rows(samples)
-        # One UPDATE ... FROM (VALUES ...) per kind of sample: a statement step
-        # for the batch where an executemany takes one per row (each a GIL
-        # hand-over in SQLite's driver). Nodes no longer stored match nothing.
-        reports = [
-            (s.node, health_to_json(s.health), s.seen_at) for s in samples if s.health is not None
-        ]
-        sightings = [(s.node, s.seen_at) for s in samples if s.health is None]
-        written = 0
-        for columns, rows in (
-            (("health_json", "agent_last_seen"), reports),
-            (("agent_last_seen",), sightings),
-        ):
-            for start in range(0, len(rows), _NODE_ROWS_PER_UPDATE):
-                chunk = rows[start : start + _NODE_ROWS_PER_UPDATE]
-                sql = _nodes_update_from_values(connection.dialect, columns, len(chunk))
-                values = tuple(value for row in chunk for value in row)
-                written += connection.exec_driver_sql(sql, values).rowcount
-        for sample in samples:
-            self._stored.touch(sample.node, agent_last_seen=sample.seen_at)
-        return written
-
-    def _save_health_rows(self, samples: Sequence[HealthSample]) -> int:
-        """``save_health_batch`` for a driver with named parameters."""
         names = [s.node for s in samples]
         known = set(self._session.exec(select(NodeRow.name).where(col(NodeRow.name).in_(names))))
         rows: list[dict[str, object]] = []
@@ -587,20 +544,6 @@ class SqlAllocations:
 
 _EVENTS = EventRow.__table__  # type: ignore[attr-defined]
 _EVENT_INSERT = insert(_EVENTS)
-_EVENT_COLUMNS = (*_EVENT_PLAIN, "data_json", "published")
-_EVENT_ROWS_PER_INSERT = 100  # 800 parameters: under SQLite's oldest limit of 999
-
-
-def _events_insert(dialect: Any, count: int) -> str | None:
-    """One INSERT of ``count`` event rows, in the driver's own SQL (None for a
-    paramstyle that is not positional)."""
-    mark = _MARKS.get(dialect.paramstyle)
-    if mark is None:
-        return None
-    quote = dialect.identifier_preparer.quote
-    row = "(" + ", ".join([mark] * len(_EVENT_COLUMNS)) + ")"
-    columns = ", ".join(quote(name) for name in _EVENT_COLUMNS)
-    return f"INSERT INTO {quote(_EVENTS.name)} ({columns}) VALUES " + ", ".join([row] * count)
 
 
 def _events_since(node: bool, allocation: bool, kinds: bool) -> Any:
@@ -645,24 +588,12 @@ class SqlEvents:
         self.added += 1
 
     def flush(self) -> None:
-        """Send the events added so far (the store calls it before commit).
-
-        As multi-row INSERTs in the driver's own SQL: one statement step for
-        a group's events where an executemany takes one per row, and SQLite's
-        driver gives the GIL up, and waits to take it back, at every step."""
-        if not self._rows:
-            return
-        rows = list(self._rows)
-        self._rows.clear()  # the list may be shared: emptied, not replaced
-        connection = self._session.connection()
-        for start in range(0, len(rows), _EVENT_ROWS_PER_INSERT):
-            chunk = rows[start : start + _EVENT_ROWS_PER_INSERT]
-            sql = _events_insert(connection.dialect, len(chunk))
-            if sql is None:
-                connection.execute(_EVENT_INSERT, chunk)
-                continue
-            values = tuple(row[name] for row in chunk for name in _EVENT_COLUMNS)
-            connection.exec_driver_sql(sql, values)
+        """Send the events added so far (the store calls it before commit)."""
+        if self._rows:
+            rows = list(self._rows)
+            self._rows.clear()  # the list may be shared: emptied, not replaced
+            # On the session's connection, past the ORM's bulk machinery.
+            self._session.connection().execute(_EVENT_INSERT, rows)
 
     def _read(self, stmt: Any) -> list[EventInfo]:
         """Plain rows on the session's connection (no ORM objects: a

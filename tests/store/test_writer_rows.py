@@ -5,7 +5,7 @@ what was committed, and nothing of a write that failed — on both engines."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,6 +21,13 @@ from controller.core.states import AllocationState, NodeState
 from controller.store.sql_store import SqlStore, SqlTx
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def store(engine: Engine) -> AsyncIterator[SqlStore]:
+    sql = SqlStore(engine)
+    yield sql
+    sql.close()
 
 
 def node(name: str) -> NodeRecord:
@@ -62,70 +69,58 @@ def state_of(name: str) -> Any:
 
 
 async def test_a_write_reads_what_the_last_one_committed_without_a_select(
-    engine: Engine,
+    engine: Engine, store: SqlStore
 ) -> None:
-    store = SqlStore(engine)
-    try:
-        await store.tx(lambda tx: tx.nodes.add(node("wr-1"), "pw"))
-        alloc = AllocationRecord(id="wr-a1", key="wr-k1", spec=AllocationSpec(nodes=1))
-        await store.tx(lambda tx: tx.allocations.add(alloc))
-        await store.tx(set_state("wr-1", NodeState.INSPECTING, "powered on"))
-        with selects_from(engine, "nodes") as nodes, selects_from(engine, "allocations") as allocs:
-            seen = await store.tx(state_of("wr-1"))
-            got = await store.tx(lambda tx: tx.allocations.get("wr-a1"))
-        assert seen == (NodeState.INSPECTING, "powered on")
-        assert got is not None and got.spec == alloc.spec and got.state == AllocationState.PENDING
-        assert nodes == [] and allocs == []
-        # The database says the same (a read has no writer's rows: it asks).
-        with selects_from(engine, "nodes") as nodes:
-            assert await store.read(state_of("wr-1")) == seen
-        assert nodes
-    finally:
-        store.close()
+    await store.tx(lambda tx: tx.nodes.add(node("wr-1"), "pw"))
+    alloc = AllocationRecord(id="wr-a1", key="wr-k1", spec=AllocationSpec(nodes=1))
+    await store.tx(lambda tx: tx.allocations.add(alloc))
+    await store.tx(set_state("wr-1", NodeState.INSPECTING, "powered on"))
+    with selects_from(engine, "nodes") as nodes, selects_from(engine, "allocations") as allocs:
+        seen = await store.tx(state_of("wr-1"))
+        got = await store.tx(lambda tx: tx.allocations.get("wr-a1"))
+    assert seen == (NodeState.INSPECTING, "powered on")
+    assert got is not None and got.spec == alloc.spec and got.state == AllocationState.PENDING
+    assert nodes == [] and allocs == []
+    # The database says the same (a read has no writer's rows: it asks).
+    with selects_from(engine, "nodes") as nodes:
+        assert await store.read(state_of("wr-1")) == seen
+    assert nodes
 
 
-async def test_a_failed_write_leaves_nothing_behind_for_the_next(engine: Engine) -> None:
-    store = SqlStore(engine)
-    try:
-        await store.tx(lambda tx: tx.nodes.add(node("wr-2"), "pw"))
-        await store.tx(set_state("wr-2", NodeState.INSPECTING, "kept"))
+async def test_a_failed_write_leaves_nothing_behind_for_the_next(store: SqlStore) -> None:
+    await store.tx(lambda tx: tx.nodes.add(node("wr-2"), "pw"))
+    await store.tx(set_state("wr-2", NodeState.INSPECTING, "kept"))
 
-        def change_then_fail(tx: SqlTx) -> None:
-            set_state("wr-2", NodeState.QUARANTINED, "never")(tx)
-            raise NotFound(kind="node", name="other")
+    def change_then_fail(tx: SqlTx) -> None:
+        set_state("wr-2", NodeState.QUARANTINED, "never")(tx)
+        raise NotFound(kind="node", name="other")
 
-        with pytest.raises(NotFound):
-            await store.tx(change_then_fail)
-        assert await store.tx(state_of("wr-2")) == (NodeState.INSPECTING, "kept")
+    with pytest.raises(NotFound):
+        await store.tx(change_then_fail)
+    assert await store.tx(state_of("wr-2")) == (NodeState.INSPECTING, "kept")
 
-        # In a group: the failing unit's change is gone, the others' are kept
-        # and seen by the units after them.
-        results = await asyncio.gather(
-            store.tx(set_state("wr-2", NodeState.PREPARING, "first")),
-            store.tx(change_then_fail),
-            store.tx(state_of("wr-2")),
-            return_exceptions=True,
-        )
-        assert isinstance(results[1], NotFound)
-        assert results[2] == (NodeState.PREPARING, "first")
-        assert await store.tx(state_of("wr-2")) == (NodeState.PREPARING, "first")
-        assert await store.read(state_of("wr-2")) == (NodeState.PREPARING, "first")
-    finally:
-        store.close()
+    # In a group: the failing unit's change is gone, the others' are kept
+    # and seen by the units after them.
+    results = await asyncio.gather(
+        store.tx(set_state("wr-2", NodeState.PREPARING, "first")),
+        store.tx(change_then_fail),
+        store.tx(state_of("wr-2")),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], NotFound)
+    assert results[2] == (NodeState.PREPARING, "first")
+    assert await store.tx(state_of("wr-2")) == (NodeState.PREPARING, "first")
+    assert await store.read(state_of("wr-2")) == (NodeState.PREPARING, "first")
 
 
-async def test_columns_written_past_a_record_and_removals_are_seen(engine: Engine) -> None:
-    store = SqlStore(engine)
-    try:
-        await store.tx(lambda tx: tx.nodes.add(node("wr-3"), "pw"))
-        await store.tx(lambda tx: tx.nodes.add(node("wr-4"), "pw"))
-        await store.tx(lambda tx: tx.nodes.save_health_batch([HealthSample("wr-3", None, 1234.5)]))
-        found = await store.tx(lambda tx: tx.nodes.get("wr-3", with_health=False))
-        assert found is not None and found.agent_last_seen == 1234.5
+async def test_columns_written_past_a_record_and_removals_are_seen(store: SqlStore) -> None:
+    await store.tx(lambda tx: tx.nodes.add(node("wr-3"), "pw"))
+    await store.tx(lambda tx: tx.nodes.add(node("wr-4"), "pw"))
+    await store.tx(lambda tx: tx.nodes.save_health_batch([HealthSample("wr-3", None, 1234.5)]))
+    found = await store.tx(lambda tx: tx.nodes.get("wr-3", with_health=False))
+    assert found is not None and found.agent_last_seen == 1234.5
 
-        await store.tx(lambda tx: tx.nodes.remove("wr-4"))
-        assert await store.tx(state_of("wr-4")) is None
-        with pytest.raises(KeyError):
-            await store.tx(lambda tx: tx.nodes.save(node("wr-4")))
-    finally:
-        store.close()
+    await store.tx(lambda tx: tx.nodes.remove("wr-4"))
+    assert await store.tx(state_of("wr-4")) is None
+    with pytest.raises(KeyError):
+        await store.tx(lambda tx: tx.nodes.save(node("wr-4")))
