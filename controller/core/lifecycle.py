@@ -539,19 +539,15 @@ class Lifecycle:
         def write(tx: Tx) -> bool:
             node = load_node(tx, row.name)
             node.applied_profile = ""
-            # One write: a move saves the node with its profile cleared.
             if node.profile:  # back to the node's own baseline before the next job
-                if not move(
-                    tx,
-                    node,
-                    S.PREPARING,
-                    f"GPUs reset after release; preparing to baseline {node.profile}",
-                ):
-                    tx.nodes.save(node)
-                return False
-            if not move(tx, node, S.READY, "GPUs reset to defaults after release"):
+                target = S.PREPARING
+                why = f"GPUs reset after release; preparing to baseline {node.profile}"
+            else:
+                target, why = S.READY, "GPUs reset to defaults after release"
+            # One write: a move saves the node with its profile cleared.
+            if not move(tx, node, target, why):
                 tx.nodes.save(node)
-            return True
+            return target == S.READY
 
         return await self._store.tx(write)
 

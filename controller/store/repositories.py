@@ -406,12 +406,10 @@ class SqlNodes:
                 if s.health is not None:
                     row["health_json"] = health_to_json(s.health)
                 rows.append(row)
+                self._stored.touch(s.node, agent_last_seen=s.seen_at)
         if rows:
             # An ORM bulk UPDATE by primary key: one executemany, no row loaded.
             self._session.execute(update(NodeRow), rows)
-            for s in samples:
-                if s.node in known:
-                    self._stored.touch(s.node, agent_last_seen=s.seen_at)
         return len(rows)
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:

@@ -36,7 +36,7 @@ from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord
 from controller.store.repositories import SqlAllocations, SqlEvents, SqlNodes, SqlTokens
 from controller.store.secrets import SecretBox
-from controller.store.writer_rows import TableRows, WriterRows
+from controller.store.writer_rows import TxRows, WriterRows
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -91,12 +91,11 @@ class SqlTx:
         session: Session,
         secrets: SecretBox,
         events: list[dict[str, Any]] | None = None,
-        rows: tuple[TableRows, TableRows] | None = None,
+        rows: TxRows | None = None,
     ) -> None:
         self.session = session
-        nodes, allocations = rows or (None, None)
-        self._nodes = SqlNodes(session, secrets, nodes)
-        self._allocations = SqlAllocations(session, allocations)
+        self._nodes = SqlNodes(session, secrets, rows.nodes if rows else None)
+        self._allocations = SqlAllocations(session, rows.allocations if rows else None)
         self._events = SqlEvents(session, events)
         self._tokens = SqlTokens(session)
 
@@ -182,8 +181,7 @@ class SqlStore:
                 self._failed(session, write)
                 raise
             if rows is not None:
-                for table in rows:
-                    table.commit()
+                rows.commit()
             return result, tx.events.added, tx.nodes.changes(), tx.allocations.saved
 
     def _failed(self, session: Session, write: bool) -> None:
@@ -225,8 +223,7 @@ class SqlStore:
             except Exception:
                 self._failed(session, write=True)
             else:
-                for table in rows:
-                    table.commit()
+                rows.commit()
                 self.groups += 1
                 return outcomes
         return [self._alone(fn) for fn in fns]

@@ -19,7 +19,7 @@ with nothing committed behind it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 ROWS_KEPT = 100_000  # per table; past it the cache starts over
 
@@ -79,6 +79,17 @@ class TableRows:
         self._mine = {}
 
 
+class TxRows(NamedTuple):
+    """One write transaction's rows of both tables."""
+
+    nodes: TableRows
+    allocations: TableRows
+
+    def commit(self) -> None:
+        self.nodes.commit()
+        self.allocations.commit()
+
+
 class WriterRows:
     """The committed rows of the writer's transactions (writer thread only)."""
 
@@ -86,9 +97,9 @@ class WriterRows:
         self.nodes: dict[str, Columns] = {}
         self.allocations: dict[str, Columns] = {}
 
-    def begin(self) -> tuple[TableRows, TableRows]:
-        """A write transaction's (nodes, allocations) rows."""
-        return TableRows(self.nodes), TableRows(self.allocations)
+    def begin(self) -> TxRows:
+        """A write transaction's rows."""
+        return TxRows(TableRows(self.nodes), TableRows(self.allocations))
 
     def clear(self) -> None:
         self.nodes.clear()
