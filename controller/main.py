@@ -21,6 +21,7 @@ import logging
 import signal
 import sys
 
+from controller import heap
 from controller.core.errors import KilnError
 from controller.options import build_parser, check_store, parse
 from controller.server import ControllerConfig, ControllerServer, ListenError
@@ -78,6 +79,7 @@ async def serve(config: ControllerConfig) -> int:
             await asyncio.gather(starting, return_exceptions=True)
             return EXIT_OK
         starting.result()
+        heap.settle()  # the fleet is loaded: out of the collector's sight
         print(f"kiln-controller listening on {server.address}", flush=True)
         lost = asyncio.create_task(server.lock_lost.wait())
         await asyncio.wait({stopping, lost}, return_when=asyncio.FIRST_COMPLETED)
