@@ -74,6 +74,25 @@ def test_every_string_and_repeated_field_has_a_limit_no_larger_than_a_message() 
             id="spine",
         ),
         pytest.param(
+            fleet_pb2.EnrollNodeRequest(spine="s" * 100, rack="r" * 70, insecure=True),
+            "EnrollNodeRequest.rack: at most 63 characters, not 70",
+            id="first-by-field-number",
+        ),
+        pytest.param(
+            agent_pb2.AgentMessage(
+                health=types_pb2.NodeHealth(
+                    sampled_at=1.0,
+                    gpus=[
+                        types_pb2.GpuHealth(index=i, temp_c=40.0, power_w=300.0, lost=False)
+                        for i in range(7)
+                    ]
+                    + [types_pb2.GpuHealth(index=7, temp_c=40.0, xids=[79] * 257)],
+                )
+            ),
+            "AgentMessage.health.gpus[7].xids: at most 256 items, not 257",
+            id="repeated-number-among-readings",
+        ),
+        pytest.param(
             fleet_pb2.EnrollNodeRequest(bmc_url="u" * 2049),
             "EnrollNodeRequest.bmc_url: at most 2048 characters, not 2049",
             id="url",
