@@ -95,13 +95,18 @@ def _dbe_volatile(gpu: GpuReading) -> float | None:
     return float(dbe)
 
 
+# The codes Kiln knows (``RecoveryAction``), for a set lookup: every GPU of
+# every report is read, and asking the enum (``RecoveryAction.known``) costs
+# an exception for each unknown code and a call for each known one.
+_RECOVERY_CODES = frozenset(int(action) for action in RecoveryAction)
+
+
 def _recovery_action(gpu: GpuReading) -> float | None:
     """The field's code, if it is one Kiln knows; a lost GPU reads nothing."""
     code = gpu.recovery_action
     if gpu.lost or isinstance(code, bool) or not isinstance(code, int):
         return None
-    action = RecoveryAction.known(code)
-    return None if action is None else float(action)
+    return float(code) if code in _RECOVERY_CODES else None
 
 
 # How each metric that is not a temperature is read off one GPU; looked up
