@@ -84,6 +84,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             )
         )
         reader = asyncio.create_task(self._read(session, request_iterator))
+        # A call can end while this generator waits at a ``yield`` (the agent
+        # went away while a message was being sent): gRPC then drops the
+        # generator unclosed, and its ``finally`` runs only when the
+        # generator is finalized, which waits for the garbage collector if
+        # anything in a reference cycle still holds it. The call's end stops
+        # the reader and detaches the session at once, whatever holds it.
+        context.add_done_callback(lambda _: self._call_ended(session, reader))
         try:
             while not reader.done():
                 getter = asyncio.create_task(session.queue.get())
@@ -103,6 +110,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             self._fleet.agent_disconnected(session)
         if isinstance(refused, KilnError):
             await context.abort(status_for(refused), message_for(refused))
+
+    def _call_ended(self, session: AgentSession, reader: asyncio.Task[KilnError | None]) -> None:
+        """The agent's call is over, however it ended (``Connect``'s cleanup
+        may run again later: both steps do nothing the second time)."""
+        reader.cancel()
+        self._fleet.agent_disconnected(session)
 
     async def _read(
         self, session: AgentSession, messages: AsyncIterator[agent_pb2.AgentMessage]

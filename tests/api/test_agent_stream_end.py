@@ -1,0 +1,84 @@
+"""An agent's call that ends while the controller is sending it commands
+detaches the agent's session at once, with the garbage collector off. gRPC
+leaves the stream handler unclosed at its ``yield`` here (its cleanup runs
+from the generator's finalizer, with GeneratorExit); the call's done
+callback detaches the session whether or not that finalizer runs soon."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.core.errors import Unavailable
+from controller.core.model import AgentCommand
+from controller.server import ControllerConfig, ControllerServer
+from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
+
+NODE = "s00"
+COMMANDS = 3000  # with their payloads, far more than a stream's flow-control window
+PAYLOAD = "x" * 4000
+
+
+async def register(name: str) -> AsyncIterator[agent_pb2.AgentMessage]:
+    gpu = types_pb2.Gpu(index=0, uuid=f"GPU-{name}", model="NVIDIA H200", memory_mib=141000)
+    yield agent_pb2.AgentMessage(register=agent_pb2.Register(node_name=name, gpus=[gpu]))
+    await asyncio.Event().wait()  # then stay connected, sending nothing
+
+
+@pytest.mark.timeout(120)
+async def test_a_call_cancelled_while_commands_are_sent_detaches_its_session(
+    tmp_path: Path,
+) -> None:
+    server = ControllerServer(ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path))
+    address = await server.start()
+    channel = grpc.aio.insecure_channel(address)
+    commands: list[asyncio.Task[object]] = []
+    collecting = gc.isenabled()
+    try:
+        fleet = fleet_pb2_grpc.FleetServiceStub(channel)
+        await fleet.EnrollNode(
+            fleet_pb2.EnrollNodeRequest(
+                name=NODE,
+                bmc_url="redfish+http://127.0.0.1:9/redfish/v1/Systems/0",
+                username="u",
+                password="p",
+            )
+        )
+        call = agent_pb2_grpc.AgentServiceStub(channel).Connect(register(NODE))
+        first = await call.read()
+        assert first.WhichOneof("body") == "registered"
+        assert server.fleet is not None
+        hub = server.fleet.agents
+        assert hub.is_connected(NODE)
+
+        # Commands the agent never reads: the controller's sends stall on
+        # flow control, its handler waiting at a yield.
+        command = AgentCommand("inject_fault", payload=PAYLOAD)
+        commands = [
+            asyncio.create_task(hub.call(NODE, command, timeout=60)) for _ in range(COMMANDS)
+        ]
+        await asyncio.sleep(1.0)
+        assert hub.is_connected(NODE)
+
+        gone = asyncio.Event()
+        hub.watch(lambda node: gone.set() if not hub.is_connected(node) else None)
+        gc.disable()  # only the call's end may detach it, not a collection
+        call.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(gone.wait(), 10)
+        assert not hub.is_connected(NODE), "the session outlived its call"
+        outcomes = await asyncio.gather(*commands, return_exceptions=True)
+        assert all(isinstance(o, Unavailable) for o in outcomes), "every waiting command fails"
+    finally:
+        if collecting:
+            gc.enable()
+        for task in commands:
+            task.cancel()
+        await server.stop()
+        await channel.close()
