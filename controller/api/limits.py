@@ -210,14 +210,11 @@ class Checker:
         if checked is None:
             checked = self._checked[kind] = _checked_fields(kind)
         for name, plan, singular_message in checked:
-            if singular_message:
-                if not message.HasField(name):
-                    continue
-                value = getattr(message, name)
-            else:
-                value = getattr(message, name)
-                if not value:  # unset: an empty string, bytes, list or map
-                    continue
+            if singular_message and not message.HasField(name):
+                continue
+            value = getattr(message, name)
+            if not singular_message and not value:  # an empty string, bytes, list or map
+                continue
             try:
                 self._field(plan, value)
             except _Over as e:

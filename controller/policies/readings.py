@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from controller.policies.rules import Metric, RecoveryAction, Thresholds
+from controller.policies.rules import RECOVERY_CODES, Metric, Thresholds
 from controller.policies.samples import GpuReading, HealthSample
 
 #: Temperatures outside this range are broken sensors, not hot GPUs.
@@ -95,18 +95,12 @@ def _dbe_volatile(gpu: GpuReading) -> float | None:
     return float(dbe)
 
 
-# The codes Kiln knows (``RecoveryAction``), for a set lookup: every GPU of
-# every report is read, and asking the enum (``RecoveryAction.known``) costs
-# an exception for each unknown code and a call for each known one.
-_RECOVERY_CODES = frozenset(int(action) for action in RecoveryAction)
-
-
 def _recovery_action(gpu: GpuReading) -> float | None:
     """The field's code, if it is one Kiln knows; a lost GPU reads nothing."""
     code = gpu.recovery_action
     if gpu.lost or isinstance(code, bool) or not isinstance(code, int):
         return None
-    return float(code) if code in _RECOVERY_CODES else None
+    return float(code) if code in RECOVERY_CODES else None
 
 
 # How each metric that is not a temperature is read off one GPU; looked up

@@ -71,10 +71,12 @@ class RecoveryAction(IntEnum):
     @classmethod
     def known(cls, code: int) -> RecoveryAction | None:
         """The action of a field value, or None for a value Kiln does not know."""
-        try:
-            return cls(code)
-        except ValueError:
-            return None
+        return cls(code) if code in RECOVERY_CODES else None
+
+
+# The field values Kiln knows, for a set lookup where only that is asked
+# (the policies read every GPU of every report).
+RECOVERY_CODES = frozenset(int(action) for action in RecoveryAction)
 
 
 class Metric(StrEnum):
