@@ -169,6 +169,12 @@ class Agent:
         self._wake = asyncio.Event()  # sample now (just registered)
 
     @property
+    def report_interval(self) -> float:
+        """Seconds between reports now: the controller's ask while registered
+        (``Registered``, then ``Pace``), else the agent's own interval."""
+        return self._asked_interval or self.sample_interval
+
+    @property
     def applied_profile(self) -> str:
         return self._profile.name if self._profile else ""
 
@@ -280,6 +286,13 @@ class Agent:
                         self._asked_interval = msg.registered.sample_interval_s or None
                         self._outbox = outbox  # the monitor reports here now
                         self._wake.set()  # at once, with the XIDs seen while away
+                    elif body == "pace":  # the controller is behind, or keeps up again
+                        self._asked_interval = msg.pace.sample_interval_s or None
+                        log.info(
+                            "node %s: the controller asks for a report every %gs",
+                            self.node_name,
+                            self.report_interval,
+                        )
                     elif body == "command":
                         task = asyncio.create_task(self._execute(msg.command, outbox))
                         tasks.add(task)
@@ -329,7 +342,7 @@ class Agent:
                     drift = []
                     if self._profile is not None and rounds % DRIFT_CHECK_EVERY == 0:
                         drift = await self._repair_drift()
-            interval = self._asked_interval or self.sample_interval
+            interval = self.report_interval
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), interval)

@@ -11,9 +11,11 @@
   fresh ``sampled_at``: same size and shape, the readings do not change.
 * :class:`Streams` holds many ``AgentService.Connect`` streams on a few
   shared ``grpc.aio`` channels (each its own TCP connection): Register, wait
-  for Registered, then a NodeHealth every ``interval`` seconds from a random
-  phase; commands from the controller (``reset_gpus`` when a node is
-  prepared or released) are answered ``ok`` at once. :func:`generator_main`
+  for Registered, then a NodeHealth every interval the controller asks for
+  (``Registered``, then ``Pace`` when it slows its agents down; ``interval``
+  when it names none) from a random phase; commands from the controller
+  (``reset_gpus`` when a node is prepared or released) are answered ``ok``
+  at once. :func:`generator_main`
   runs one in a child process, driven over a pipe.
 * :func:`floor_main`: a bare ``grpc.aio`` server whose ``AgentService.Connect``
   answers Registered and then only reads and drops (counts) the messages.
@@ -99,6 +101,7 @@ class _Stream:
     call: Any = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_sent: float = 0.0
+    interval: float = 0.0  # as the controller asked (Registered, then Pace)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -130,6 +133,7 @@ class Streams:
         self.late = 0  # reports that went out after their slot (the schedule slipped)
         self.lost = 0  # streams that ended while they should have stayed open
         self.commands = 0
+        self.paces = 0  # Pace messages (the controller asked for a new interval)
         self.inflight = 0
         self._drained = asyncio.Event()
         self._drained.set()
@@ -182,6 +186,7 @@ class Streams:
                 self.errors["connect: no Registered answer"] += 1
                 return False
         stream.call = call
+        stream.interval = first.registered.sample_interval_s or self.interval
         stream.tasks = [
             asyncio.create_task(self._read(stream)),
             asyncio.create_task(self._send(stream)),
@@ -195,7 +200,10 @@ class Streams:
                 msg = await stream.call.read()
                 if msg is grpc.aio.EOF:
                     raise ConnectionError("the controller ended the stream")
-                if msg.WhichOneof("body") == "command":
+                if msg.WhichOneof("body") == "pace":  # as an agent does: report at this pace
+                    stream.interval = msg.pace.sample_interval_s or self.interval
+                    self.paces += 1
+                elif msg.WhichOneof("body") == "command":
                     answer = agent_pb2.AgentMessage(
                         result=agent_pb2.CommandResult(id=msg.command.id, ok=True)
                     )
@@ -211,13 +219,12 @@ class Streams:
 
     async def _send(self, stream: _Stream) -> None:
         loop = asyncio.get_running_loop()
-        r = self.interval
-        await asyncio.sleep(random.uniform(0, r))
+        await asyncio.sleep(random.uniform(0, stream.interval))
         next_at = loop.time()
         while True:
             if not self._sending.is_set():
                 await self._sending.wait()
-                await asyncio.sleep(random.uniform(0, r))
+                await asyncio.sleep(random.uniform(0, stream.interval))
                 next_at = loop.time()
             now = time.time()
             stream.report.health.sampled_at = now
@@ -242,7 +249,7 @@ class Streams:
             self.sent += 1
             if self.on_sent is not None:
                 self.on_sent(stream.name, now)
-            next_at += r
+            next_at += stream.interval
             delay = next_at - loop.time()
             if delay < 0:
                 self.late += 1
@@ -269,6 +276,8 @@ class Streams:
             "late": self.late,
             "lost": self.lost,
             "commands": self.commands,
+            "paces": self.paces,
+            "asked": [s.interval for s in self._streams if s.call is not None],
             "errors": dict(self.errors.most_common(5)),
             "cpu": time.process_time(),
             "write_p99": writes[int(0.99 * (len(writes) - 1))] if writes else 0.0,

@@ -84,6 +84,7 @@ import random
 import re
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -539,6 +540,8 @@ class Result:
     alloc_cores: float = 0.0
     alloc_floor: float = 0.0  # cycles/s of the bare gRPC server
     rss_mb: float = 0.0
+    asked: float = 0.0  # median report interval the controller asked for at the end
+    paces: int = 0  # Pace messages the agents received (the controller's backpressure)
     notes: list[str] = field(default_factory=list)
 
 
@@ -707,6 +710,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             late = sum(a["late"] - b["late"] for a, b in zip(after, before, strict=True))
             lost = sum(a["lost"] for a in after) + probe_streams.lost
             write_p99 = max(a["write_p99"] for a in after)
+            window_asked = statistics.median([i for a in after for i in a["asked"]] or [interval])
 
             # Backlog at the window's end, then until every last report shows.
             listed_at = time.monotonic()
@@ -756,6 +760,12 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 f"  window {window:.1f}s: offered {res.offered:.0f}/s, sent {sent / window:.0f}/s "
                 f"({late} late sends, {lost} streams lost, write p99 {ms(write_p99)}), "
                 f"visible (processed) {res.processed:.0f}/s"
+                + (
+                    f"; the controller had slowed its agents to one report every "
+                    f"{window_asked:.2f} s (median)"
+                    if window_asked > interval * 1.001
+                    else ""
+                )
             )
             later = (
                 ""
@@ -789,6 +799,15 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             get_lat, get_rate, get_cores = api["get"]
             first_lat, whole_lat, listed, list_cores = api["list"]
             create_lat, release_lat, admitted, alloc_rate, pending, alloc_cores = api["alloc"]
+            final = await generators.ask(30, "stats", False)
+            res.paces = sum(a["paces"] for a in final)
+            res.asked = statistics.median([i for a in final for i in a["asked"]] or [interval])
+            if res.paces:
+                res.notes.append(
+                    f"the controller paced its agents ({res.paces} Pace messages): at the end "
+                    f"they reported every {res.asked:.2f} s (median; asked {interval:g} s), so "
+                    "less than the offered load was taken in"
+                )
             res.get_p99 = pct(get_lat, 0.99)
             res.list_p99 = pct(whole_lat, 0.99)
             res.alloc_rate = alloc_rate
@@ -912,6 +931,7 @@ def summary(r: Result, args: argparse.Namespace) -> str:
         f"{r.cores:.2f} cores, {r.us_per_report:.0f} us/report (floor {r.floor_us:.0f} us, "
         f"{ratio:.1f}x), report p99 {ms(r.report_p99)}, GetNode p99 {ms(r.get_p99)}, "
         f"ListNodes p99 {ms(r.list_p99)}, {r.alloc_rate:.0f} allocations/s, RSS {r.rss_mb:.0f} MB"
+        + (f", agents paced to {r.asked:.2f} s" if r.asked > r.interval * 1.001 else "")
     )
 
 

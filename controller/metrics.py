@@ -155,7 +155,14 @@ class FleetGauges:
         self.report_interval = Gauge(
             "kiln_agent_report_interval_seconds",
             "The report interval agents are told now; above --sample-interval when "
-            "the controller slows agents down (--max-health-reports-per-second).",
+            "the controller slows agents down (--max-health-reports-per-second, or "
+            "its event loop's lag).",
+            registry=registry,
+        )
+        self.loop_lag = Gauge(
+            "kiln_controller_loop_lag_seconds",
+            "How late the controller's event loop ran a short timer, median over the "
+            "last window: above 0.1 s the agents are asked to report less often.",
             registry=registry,
         )
         self.write_behind = Gauge(
@@ -200,7 +207,8 @@ class FleetGauges:
             pending, oldest_at = await self._outbox()
             self.outbox_pending.set(pending)
             self.outbox_lag.set(max(0.0, now - oldest_at) if oldest_at is not None else 0.0)
-        self.report_interval.set(fleet.agent_sample_interval())
+        self.report_interval.set(fleet.report_interval)
+        self.loop_lag.set(fleet.pace.lag)
         self.write_behind.set(fleet.live.pending)
 
 

@@ -37,6 +37,7 @@ from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.provisioning import ProvisionLimits
 from controller.core.queues import load_queues
+from controller.core.report_pace import DEFAULT_LONGEST_INTERVAL, PaceRules
 from controller.events.broker import BrokerAccess, BrokerTls, read_password_file
 from controller.placement import QueueConfig
 from controller.policies import RuleSet, load_rules
@@ -93,6 +94,16 @@ def _positive_number(text: str, what: str, unit: str) -> float:
 def seconds(text: str) -> float:
     """A positive, finite number of seconds (0 would spin a loop on a core)."""
     return _positive_number(text, "a number of seconds", " seconds")
+
+
+def seconds_or_off(text: str) -> float:
+    """A positive, finite number of seconds, or 0 for off."""
+    try:
+        if float(text) == 0:
+            return 0.0
+    except ValueError:
+        pass  # refused below, with the same words
+    return _positive_number(text, "a number of seconds (or 0: off)", " seconds (or 0: off)")
 
 
 def rate(text: str) -> float:
@@ -158,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=5000.0,
         help="health reports a second the controller asks of all agents together; beyond "
         "it, registering agents are told to sample less often (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-report-interval",
+        type=seconds_or_off,
+        default=DEFAULT_LONGEST_INTERVAL,
+        help="while the controller's event loop lags (median over 3 s above 0.1 s), every "
+        "agent is asked to report 1.5x less often, up to this many seconds between "
+        "reports, and more often again once it keeps up; 0: never (default %(default)s)",
     )
     p.add_argument(
         "--rules",
@@ -436,6 +455,7 @@ def parse(argv: list[str] | None = None) -> Options:
         sample_interval=args.sample_interval,
         health_flush_interval=args.health_flush_interval,
         max_health_reports_per_second=args.max_health_reports_per_second,
+        pace=PaceRules(longest=args.max_report_interval),
         mqtt=args.mqtt,
         http_listen=args.http_listen,
         mqtt_access=mqtt_access,

@@ -54,6 +54,7 @@ from controller.core.ports import BmcGateway
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.provisioning import ProvisionLimits
+from controller.core.report_pace import PaceRules
 from controller.dashboard.routes import Dashboard
 from controller.events.broker import BrokerAccess
 from controller.events.publisher import MqttPublisher
@@ -199,6 +200,7 @@ class ControllerConfig:
     sample_interval: float = 5.0
     health_flush_interval: float = 5.0  # the agents' latest health, written behind
     max_health_reports_per_second: float = 5000.0  # more agents are told to slow down
+    pace: PaceRules = field(default_factory=PaceRules)  # slows agents while the loop lags
     bmc_call_timeout: float = 10.0
     bmc_power_timeout: float = 120.0
     bmc_power_resend_after: float = 30.0  # an unapplied power command is sent once more
@@ -376,6 +378,7 @@ class ControllerServer:
             bmc_thermal_interval=cfg.bmc_thermal_interval,
             health_flush_interval=cfg.health_flush_interval,
             max_reports_per_second=cfg.max_health_reports_per_second,
+            pace=cfg.pace,
             meter=self.metrics.meter,
             checks=cfg.checks,
             images=cfg.images or load_images(cfg.images_file),

@@ -23,13 +23,20 @@ from controller.api import convert
 from controller.api.auth.identity import authorize_agent_token, current_caller
 from controller.api.errors import message_for, status_for
 from controller.api.peer_identity import authorize_node, certificate_expiry, certificate_names
-from controller.core.agents import AgentSession
+from controller.core.agents import AgentSession, Outgoing
 from controller.core.errors import InvalidArgument, KilnError
 from controller.core.fleet import Fleet
-from controller.core.model import AgentCommand, CommandOutcome
+from controller.core.model import AgentCommand, CommandOutcome, ReportInterval
 from kiln.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+
+def outgoing_pb(item: Outgoing) -> agent_pb2.ControllerMessage:
+    """A session's next message to its agent: a command, or a new pace."""
+    if isinstance(item, ReportInterval):
+        return agent_pb2.ControllerMessage(pace=agent_pb2.Pace(sample_interval_s=item.seconds))
+    return command_pb(*item)
 
 
 def command_pb(command_id: str, command: AgentCommand) -> agent_pb2.ControllerMessage:
@@ -98,8 +105,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 if getter not in done:
                     getter.cancel()
                     break
-                command_id, command = getter.result()
-                yield command_pb(command_id, command)
+                yield outgoing_pb(getter.result())
         finally:
             reader.cancel()
             refused: object = None

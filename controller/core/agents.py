@@ -16,16 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.core.errors import Unavailable
-from controller.core.model import AgentCommand, CommandOutcome
+from controller.core.model import AgentCommand, CommandOutcome, ReportInterval
 
 log = logging.getLogger(__name__)
+
+# What a session's transport sends: a command (with its id) or a new pace.
+Outgoing = tuple[str, AgentCommand] | ReportInterval
 
 
 @dataclass(eq=False)
 class AgentSession:
     node: str
     cert_expires_at: float | None = None  # its client certificate's expiry (Unix s)
-    queue: asyncio.Queue[tuple[str, AgentCommand]] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[Outgoing] = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future[CommandOutcome]] = field(default_factory=dict)
     closed: bool = False
     attached_at: float = field(default_factory=time.time)  # when it registered (Unix s)
@@ -95,6 +98,13 @@ class AgentHub:
 
     def count(self) -> int:
         """How many agents are connected (O(1), unlike ``connected``)."""
+        return len(self._sessions)
+
+    def pace(self, seconds: float) -> int:
+        """Ask every connected agent to report every ``seconds``; returns how many."""
+        asked = ReportInterval(seconds)
+        for session in self._sessions.values():
+            session.queue.put_nowait(asked)
         return len(self._sessions)
 
     async def call(self, node: str, command: AgentCommand, timeout: float) -> CommandOutcome:

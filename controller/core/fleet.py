@@ -74,6 +74,7 @@ from controller.core.provisioning import (
     progress_lines,
 )
 from controller.core.rack_bringup import BringUpLine, BringUpRequest, RackBringUp
+from controller.core.report_pace import LoopLagProbe, PaceRules, ReportPace
 from controller.core.states import NodeState
 from controller.core.tasks import BackgroundTasks
 from controller.core.tokens import Tokens
@@ -134,13 +135,16 @@ class Fleet:
         image_verifier: ImageVerifier | None = None,
         image_server: str | None = None,
         provision_limits: ProvisionLimits | None = None,
+        pace: PaceRules | None = None,
     ) -> None:
         """``checks``: the health-check suite (``controller.checks``); None
         runs no checks, and RunChecks is refused. ``leak_interval``: seconds
         between reads of every node's leak detectors (``core.leaks``).
         ``images``: the OS image catalogue (None: ProvisionNodes is refused),
         ``image_verifier`` checks an image's bytes against its pin first,
-        ``image_server`` overrides the catalogue's; see ``core.provisioning``."""
+        ``image_server`` overrides the catalogue's; see ``core.provisioning``.
+        ``pace``: when the measured lag slows the agents' reports down
+        (``core.report_pace``)."""
         self.store = store
         self.meter: Meter = meter or NullMeter()
         self.profiles = profiles or ProfileCatalog()
@@ -223,7 +227,9 @@ class Fleet:
         self.audit = AuditLog(store)
         self.sample_interval = sample_interval
         self.max_reports_per_second = max_reports_per_second
-        self.report_interval = sample_interval  # what the last agent was told
+        self._budget_told = sample_interval  # what the budget last allowed
+        self.pace = ReportPace(pace or PaceRules(), budget=lambda: self._budget_told)
+        self._lag_probe = LoopLagProbe(self.pace, self._paced)
         self._loops = BackgroundTasks()
         self._background = BackgroundTasks()
         self._schedule_queued = False
@@ -241,6 +247,7 @@ class Fleet:
         if self.checks is not None:
             self._loops.spawn(self.checks.run(), name="kiln-periodic-checks")
         self._loops.spawn(self.leaks.run(), name="kiln-leaks")
+        self._loops.spawn(self._lag_probe.run(), name="kiln-report-pace")
 
     async def stop(self) -> None:
         await self._loops.stop()
@@ -676,14 +683,21 @@ class Fleet:
         self._schedule_soon()  # the node may be schedulable again
         return session
 
+    @property
+    def report_interval(self) -> float:
+        """The report interval agents are asked for now."""
+        return self.pace.interval()
+
     def agent_sample_interval(self) -> float:
         """How often a registering agent is told to report (``Registered``):
         the configured sample interval, or longer when the fleet's agents at
-        that interval would send more than ``max_reports_per_second`` — the
-        controller slows its agents down rather than buffer without bound."""
+        that interval would send more than ``max_reports_per_second``, or
+        when the controller's measured lag has slowed every agent down
+        (``core/report_pace.py``) — the controller slows its agents down
+        rather than buffer without bound."""
         agents = self.agents.count() + 1
         interval = max(self.sample_interval, agents / self.max_reports_per_second)
-        if interval > self.sample_interval and self.report_interval <= self.sample_interval:
+        if interval > self.sample_interval and self._budget_told <= self.sample_interval:
             log.warning(
                 "health reports: %d agents at one per %gs would send %.0f/s, over the "
                 "budget of %g/s (--max-health-reports-per-second); agents registering "
@@ -694,10 +708,31 @@ class Fleet:
                 self.max_reports_per_second,
                 interval,
             )
-        elif interval <= self.sample_interval < self.report_interval:
+        elif interval <= self.sample_interval < self._budget_told:
             log.info("health reports: back within budget; agents report every %gs", interval)
-        self.report_interval = interval
-        return interval
+        self._budget_told = interval
+        return self.pace.interval()
+
+    def _paced(self, interval: float, lag: float) -> None:
+        """The measured lag calls for a new report interval: tell every agent."""
+        asked = self.agents.pace(interval)
+        if lag > self.pace.rules.slow_above:
+            log.warning(
+                "health reports: the controller is behind (event loop %.0f ms late, median "
+                "over %gs); %d agents asked to report every %.1fs",
+                lag * 1000,
+                self.pace.rules.window,
+                asked,
+                interval,
+            )
+        else:
+            log.info(
+                "health reports: the controller keeps up (event loop %.0f ms late); "
+                "%d agents asked to report every %.1fs",
+                lag * 1000,
+                asked,
+                interval,
+            )
 
     def _schedule_soon(self) -> None:
         """One scheduling pass soon, however many registrations ask for it

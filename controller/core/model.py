@@ -221,6 +221,14 @@ class AgentCommand:
 
 
 @dataclass(frozen=True)
+class ReportInterval:
+    """Not a command (no answer is awaited): the agent is asked to report
+    every ``seconds`` from now on (``core/report_pace.py``)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
 class CommandOutcome:
     ok: bool
     changed: tuple[str, ...] = ()

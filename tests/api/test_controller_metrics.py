@@ -41,6 +41,7 @@ FAMILIES = (
     "kiln_events_outbox_lag_seconds",
     "kiln_health_reports",
     "kiln_agent_report_interval_seconds",
+    "kiln_controller_loop_lag_seconds",
     "kiln_health_write_behind_pending",
 )
 
@@ -126,6 +127,7 @@ async def test_metrics_show_the_fleet_and_what_it_did(
     assert total(samples, "kiln_power_sync_pass_seconds_count") >= 1
     assert total(samples, "kiln_health_reports_total") > 0
     assert total(samples, "kiln_agent_report_interval_seconds") == 0.5
+    assert 0 <= total(samples, "kiln_controller_loop_lag_seconds") < 1.0
     assert SIM_PASSWORD not in text
 
 

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 
 from controller.core.agents import AgentHub, AgentSession
 from controller.core.errors import BmcUnreachable, InvalidArgument
-from controller.core.model import AgentCommand, BmcTarget, CommandOutcome, LeakReading
+from controller.core.model import (
+    AgentCommand,
+    BmcTarget,
+    CommandOutcome,
+    LeakReading,
+    ReportInterval,
+)
 
 SCHEME = "fake://"
 
@@ -113,7 +119,10 @@ async def answering(
 
     async def serve() -> None:
         while True:
-            command_id, command = await session.queue.get()
+            item = await session.queue.get()
+            if isinstance(item, ReportInterval):
+                continue  # a pace: no answer is awaited
+            command_id, command = item
             seen.append(command)
             hub.resolve(session, command_id, answer(command))
 

@@ -66,6 +66,14 @@ CASES = {
         lambda _: ["--reconcile-interval", "-1"], f"--reconcile-interval: {NOT_POSITIVE}, not -1"
     ),
     "sample-interval-0": Case(lambda _: ["--sample-interval", "0"], "--sample-interval: must"),
+    "max-report-interval-negative": Case(
+        lambda _: ["--max-report-interval", "-1"],
+        "--max-report-interval: must be more than 0 seconds (or 0: off), not -1",
+    ),
+    "max-report-interval-text": Case(
+        lambda _: ["--max-report-interval", "slow"],
+        "--max-report-interval: 'slow' is not a number of seconds (or 0: off)",
+    ),
     "agent-silent-after-inf": Case(
         lambda _: ["--agent-silent-after", "inf"], "--agent-silent-after: must"
     ),

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kiln.v1 import types_pb2 as kiln_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13kiln/v1/agent.proto\x12\x07kiln.v1\x1a\x13kiln/v1/types.proto\"\x8e\x01\n\x0c\x41gentMessage\x12%\n\x08register\x18\x01 \x01(\x0b\x32\x11.kiln.v1.RegisterH\x00\x12%\n\x06health\x18\x02 \x01(\x0b\x32\x13.kiln.v1.NodeHealthH\x00\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.kiln.v1.CommandResultH\x00\x42\x06\n\x04\x62ody\"\xa9\x01\n\x08Register\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x04 \x01(\t\x12\x14\n\x0cnvml_backend\x18\x05 \x01(\t\x12\x1a\n\x04gpus\x18\x06 \x03(\x0b\x32\x0c.kiln.v1.Gpu\x12\x17\n\x0f\x61pplied_profile\x18\x07 \x01(\t\"k\n\x11\x43ontrollerMessage\x12)\n\nregistered\x18\x01 \x01(\x0b\x32\x13.kiln.v1.RegisteredH\x00\x12#\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x10.kiln.v1.CommandH\x00\x42\x06\n\x04\x62ody\":\n\nRegistered\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x19\n\x11sample_interval_s\x18\x02 \x01(\x01\"\xf5\x01\n\x07\x43ommand\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\rapply_profile\x18\x02 \x01(\x0b\x32\x15.kiln.v1.ApplyProfileH\x00\x12(\n\nreset_gpus\x18\x03 \x01(\x0b\x32\x12.kiln.v1.ResetGpusH\x00\x12,\n\x0cinject_fault\x18\x04 \x01(\x0b\x32\x14.kiln.v1.InjectFaultH\x00\x12&\n\trun_check\x18\x05 \x01(\x0b\x32\x11.kiln.v1.RunCheckH\x00\x12&\n\treset_gpu\x18\x06 \x01(\x0b\x32\x11.kiln.v1.ResetGpuH\x00\x42\x06\n\x04kind\"$\n\x0c\x41pplyProfile\x12\x14\n\x0cprofile_yaml\x18\x01 \x01(\t\"\x0b\n\tResetGpus\"!\n\x0bInjectFault\x12\x12\n\nfault_json\x18\x01 \x01(\t\"\x1e\n\x08RunCheck\x12\x12\n\ncheck_json\x18\x01 \x01(\t\"\x1b\n\x08ResetGpu\x12\x0f\n\x07indices\x18\x01 \x03(\r\"\x85\x01\n\rCommandResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07\x63hanged\x18\x03 \x03(\t\x12\x10\n\x08\x66\x61ilures\x18\x04 \x03(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x14\n\x0c\x66igures_json\x18\x06 \x01(\t\x12\x12\n\nduration_s\x18\x07 \x01(\x01\x32P\n\x0c\x41gentService\x12@\n\x07\x43onnect\x12\x15.kiln.v1.AgentMessage\x1a\x1a.kiln.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13kiln/v1/agent.proto\x12\x07kiln.v1\x1a\x13kiln/v1/types.proto\"\x8e\x01\n\x0c\x41gentMessage\x12%\n\x08register\x18\x01 \x01(\x0b\x32\x11.kiln.v1.RegisterH\x00\x12%\n\x06health\x18\x02 \x01(\x0b\x32\x13.kiln.v1.NodeHealthH\x00\x12(\n\x06result\x18\x03 \x01(\x0b\x32\x16.kiln.v1.CommandResultH\x00\x42\x06\n\x04\x62ody\"\xa9\x01\n\x08Register\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x16\n\x0e\x64river_version\x18\x04 \x01(\t\x12\x14\n\x0cnvml_backend\x18\x05 \x01(\t\x12\x1a\n\x04gpus\x18\x06 \x03(\x0b\x32\x0c.kiln.v1.Gpu\x12\x17\n\x0f\x61pplied_profile\x18\x07 \x01(\t\"\x8a\x01\n\x11\x43ontrollerMessage\x12)\n\nregistered\x18\x01 \x01(\x0b\x32\x13.kiln.v1.RegisteredH\x00\x12#\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x10.kiln.v1.CommandH\x00\x12\x1d\n\x04pace\x18\x03 \x01(\x0b\x32\r.kiln.v1.PaceH\x00\x42\x06\n\x04\x62ody\":\n\nRegistered\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x19\n\x11sample_interval_s\x18\x02 \x01(\x01\"!\n\x04Pace\x12\x19\n\x11sample_interval_s\x18\x01 \x01(\x01\"\xf5\x01\n\x07\x43ommand\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\rapply_profile\x18\x02 \x01(\x0b\x32\x15.kiln.v1.ApplyProfileH\x00\x12(\n\nreset_gpus\x18\x03 \x01(\x0b\x32\x12.kiln.v1.ResetGpusH\x00\x12,\n\x0cinject_fault\x18\x04 \x01(\x0b\x32\x14.kiln.v1.InjectFaultH\x00\x12&\n\trun_check\x18\x05 \x01(\x0b\x32\x11.kiln.v1.RunCheckH\x00\x12&\n\treset_gpu\x18\x06 \x01(\x0b\x32\x11.kiln.v1.ResetGpuH\x00\x42\x06\n\x04kind\"$\n\x0c\x41pplyProfile\x12\x14\n\x0cprofile_yaml\x18\x01 \x01(\t\"\x0b\n\tResetGpus\"!\n\x0bInjectFault\x12\x12\n\nfault_json\x18\x01 \x01(\t\"\x1e\n\x08RunCheck\x12\x12\n\ncheck_json\x18\x01 \x01(\t\"\x1b\n\x08ResetGpu\x12\x0f\n\x07indices\x18\x01 \x03(\r\"\x85\x01\n\rCommandResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07\x63hanged\x18\x03 \x03(\t\x12\x10\n\x08\x66\x61ilures\x18\x04 \x03(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x14\n\x0c\x66igures_json\x18\x06 \x01(\t\x12\x12\n\nduration_s\x18\x07 \x01(\x01\x32P\n\x0c\x41gentService\x12@\n\x07\x43onnect\x12\x15.kiln.v1.AgentMessage\x1a\x1a.kiln.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,24 +36,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTMESSAGE']._serialized_end=196
   _globals['_REGISTER']._serialized_start=199
   _globals['_REGISTER']._serialized_end=368
-  _globals['_CONTROLLERMESSAGE']._serialized_start=370
-  _globals['_CONTROLLERMESSAGE']._serialized_end=477
-  _globals['_REGISTERED']._serialized_start=479
-  _globals['_REGISTERED']._serialized_end=537
-  _globals['_COMMAND']._serialized_start=540
-  _globals['_COMMAND']._serialized_end=785
-  _globals['_APPLYPROFILE']._serialized_start=787
-  _globals['_APPLYPROFILE']._serialized_end=823
-  _globals['_RESETGPUS']._serialized_start=825
-  _globals['_RESETGPUS']._serialized_end=836
-  _globals['_INJECTFAULT']._serialized_start=838
-  _globals['_INJECTFAULT']._serialized_end=871
-  _globals['_RUNCHECK']._serialized_start=873
-  _globals['_RUNCHECK']._serialized_end=903
-  _globals['_RESETGPU']._serialized_start=905
-  _globals['_RESETGPU']._serialized_end=932
-  _globals['_COMMANDRESULT']._serialized_start=935
-  _globals['_COMMANDRESULT']._serialized_end=1068
-  _globals['_AGENTSERVICE']._serialized_start=1070
-  _globals['_AGENTSERVICE']._serialized_end=1150
+  _globals['_CONTROLLERMESSAGE']._serialized_start=371
+  _globals['_CONTROLLERMESSAGE']._serialized_end=509
+  _globals['_REGISTERED']._serialized_start=511
+  _globals['_REGISTERED']._serialized_end=569
+  _globals['_PACE']._serialized_start=571
+  _globals['_PACE']._serialized_end=604
+  _globals['_COMMAND']._serialized_start=607
+  _globals['_COMMAND']._serialized_end=852
+  _globals['_APPLYPROFILE']._serialized_start=854
+  _globals['_APPLYPROFILE']._serialized_end=890
+  _globals['_RESETGPUS']._serialized_start=892
+  _globals['_RESETGPUS']._serialized_end=903
+  _globals['_INJECTFAULT']._serialized_start=905
+  _globals['_INJECTFAULT']._serialized_end=938
+  _globals['_RUNCHECK']._serialized_start=940
+  _globals['_RUNCHECK']._serialized_end=970
+  _globals['_RESETGPU']._serialized_start=972
+  _globals['_RESETGPU']._serialized_end=999
+  _globals['_COMMANDRESULT']._serialized_start=1002
+  _globals['_COMMANDRESULT']._serialized_end=1135
+  _globals['_AGENTSERVICE']._serialized_start=1137
+  _globals['_AGENTSERVICE']._serialized_end=1217
 # @@protoc_insertion_point(module_scope)

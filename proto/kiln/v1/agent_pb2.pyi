@@ -36,12 +36,14 @@ class Register(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., driver_version: _Optional[str] = ..., nvml_backend: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., applied_profile: _Optional[str] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
-    __slots__ = ("registered", "command")
+    __slots__ = ("registered", "command", "pace")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    PACE_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     command: Command
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+    pace: Pace
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., pace: _Optional[_Union[Pace, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("node_name", "sample_interval_s")
@@ -50,6 +52,12 @@ class Registered(_message.Message):
     node_name: str
     sample_interval_s: float
     def __init__(self, node_name: _Optional[str] = ..., sample_interval_s: _Optional[float] = ...) -> None: ...
+
+class Pace(_message.Message):
+    __slots__ = ("sample_interval_s",)
+    SAMPLE_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    sample_interval_s: float
+    def __init__(self, sample_interval_s: _Optional[float] = ...) -> None: ...
 
 class Command(_message.Message):
     __slots__ = ("id", "apply_profile", "reset_gpus", "inject_fault", "run_check", "reset_gpu")

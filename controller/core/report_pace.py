@@ -1,0 +1,136 @@
+"""Backpressure on the agents' reports, from the controller's measured load.
+
+The report budget (``--max-health-reports-per-second``) is a static guess,
+applied as agents register. This is the measured half: a probe on the event
+loop notes how late a short timer fires. That lag is everything queued
+ahead of it (stream reads, database answers, API calls) and the
+interpreter shared with the database thread, so it grows as soon as the
+controller takes in more than it can process, before the buffers do.
+
+When the median lag over a window is above ``slow_above``, every connected
+agent is asked to report less often (the interval times ``stretch``, up to
+``longest``). When it is below ``ease_below`` the interval comes back by
+``ease`` a step, never below what the budget allows. After a change the
+pace holds for two intervals: an agent takes up a new interval after its
+current wait, so the lag answers a change only an interval later, and one
+overload must not be answered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LONGEST_INTERVAL = 60.0  # s: agents are never asked to report less often
+
+
+@dataclass(frozen=True)
+class PaceRules:
+    """When to slow the agents down and by how much.
+
+    ``longest``: the longest interval asked for; 0 turns the lag-driven
+    pace off (the budget alone applies).
+    """
+
+    tick: float = 0.1  # s between two probes of the loop
+    window: float = 3.0  # s of probes judged together
+    slow_above: float = 0.1  # s of median lag: slow the agents down
+    ease_below: float = 0.02  # s of median lag: let them speed up again
+    stretch: float = 1.5
+    ease: float = 1.25
+    longest: float = DEFAULT_LONGEST_INTERVAL
+
+    def __post_init__(self) -> None:
+        if self.tick <= 0 or self.window < self.tick:
+            raise ValueError("the pace needs a tick above 0 and a window of at least one tick")
+        if not 0 <= self.ease_below < self.slow_above:
+            raise ValueError("ease_below must be below slow_above")
+        if self.stretch <= 1 or self.ease <= 1:
+            raise ValueError("stretch and ease must be above 1")
+        if self.longest < 0:
+            raise ValueError("longest must be 0 (off) or more")
+
+
+class ReportPace:
+    """The report interval that the measured lag calls for.
+
+    ``budget()`` is the interval the report budget allows now (the
+    configured sample interval, or longer for a fleet beyond the budget);
+    the pace only ever asks for more.
+    """
+
+    def __init__(self, rules: PaceRules, budget: Callable[[], float]) -> None:
+        self.rules = rules
+        self._budget = budget
+        self.stretched = 0.0  # the lag-driven interval; 0 while none is
+        self.lag = 0.0  # median lag (s) of the last window judged
+        self._hold_until = float("-inf")
+
+    def interval(self) -> float:
+        """What agents are asked for now."""
+        return max(self._budget(), self.stretched)
+
+    def judge(self, lags: Sequence[float], now: float) -> float | None:
+        """Judge one window's lags (seconds) at ``now`` (seconds, any clock
+        that ``now`` keeps): the interval to ask every agent for, or None to
+        leave the pace as it is."""
+        if not lags:
+            return None
+        self.lag = statistics.median(lags)
+        rules = self.rules
+        if not rules.longest or now < self._hold_until:
+            return None
+        before = self.interval()
+        if self.lag > rules.slow_above:
+            after = min(rules.longest, before * rules.stretch)
+            if after <= before:
+                return None  # at the longest already
+            self.stretched = after
+        elif self.lag < rules.ease_below and self.stretched:
+            after = before / rules.ease
+            budget = self._budget()
+            if after <= budget:
+                self.stretched, after = 0.0, budget
+            else:
+                self.stretched = after
+            if after >= before:
+                return None  # the budget alone holds the interval here
+        else:
+            return None
+        self._hold_until = now + max(rules.window, 2 * max(before, after))
+        return after
+
+
+class LoopLagProbe:
+    """Probes the running loop's lag and hands each window to ``pace``;
+    ``on_change(interval, lag)`` when the pace asks for a new interval."""
+
+    def __init__(self, pace: ReportPace, on_change: Callable[[float, float], None]) -> None:
+        self.pace = pace
+        self._on_change = on_change
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        rules = self.pace.rules
+        lags: list[float] = []
+        judge_at = loop.time() + rules.window
+        while True:
+            before = loop.time()
+            await asyncio.sleep(rules.tick)
+            now = loop.time()
+            lags.append(max(0.0, now - before - rules.tick))
+            if now < judge_at:
+                continue
+            interval = self.pace.judge(lags, now)
+            lags = []
+            judge_at = now + rules.window
+            if interval is not None:
+                try:
+                    self._on_change(interval, self.pace.lag)
+                except Exception:
+                    log.exception("report pace: telling the agents failed")

@@ -1,0 +1,124 @@
+"""Backpressure from measured load: while the controller's event loop lags,
+every connected agent is asked (``Pace``) to report less often, a newly
+registering agent is told the longer interval in ``Registered``, and once
+the loop keeps up again the interval comes back to ``--sample-interval``.
+
+A real controller and a real agent (the NVML fake) over gRPC on loopback;
+the lag is real: a callback on the loop they share sleeps, as a burst of
+reports or a long scheduling pass would hold it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.client import Agent
+from agent.nvml import open_backend
+from controller.core.report_pace import PaceRules
+from controller.server import ControllerConfig, ControllerServer
+from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
+
+SAMPLE = 0.5  # --sample-interval
+RULES = PaceRules(tick=0.05, window=0.5, slow_above=0.08, ease_below=0.03, longest=3.0)
+
+
+async def until(check: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"within {within}s: {what}"
+        await asyncio.sleep(0.05)
+
+
+class Blocker:
+    """Holds the running loop for ``hold`` seconds out of every ``hold + gap``."""
+
+    def __init__(self, hold: float = 0.15, gap: float = 0.05) -> None:
+        self.hold, self.gap = hold, gap
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        time.sleep(self.hold)
+        self._handle = asyncio.get_running_loop().call_later(self.gap, self.start)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+
+async def enroll(stub: fleet_pb2_grpc.FleetServiceStub, name: str) -> None:
+    await stub.EnrollNode(
+        fleet_pb2.EnrollNodeRequest(
+            name=name,
+            bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
+            username="u",
+            password="p",
+        )
+    )
+
+
+async def register(name: str) -> AsyncIterator[agent_pb2.AgentMessage]:
+    gpu = types_pb2.Gpu(index=0, uuid=f"GPU-{name}", model="NVIDIA H200", memory_mib=141000)
+    yield agent_pb2.AgentMessage(register=agent_pb2.Register(node_name=name, gpus=[gpu]))
+    await asyncio.Event().wait()
+
+
+@pytest.mark.timeout(120)
+async def test_a_lagging_controller_slows_its_agents_and_lets_them_speed_up_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    server = ControllerServer(
+        ControllerConfig(
+            listen="127.0.0.1:0", state_dir=tmp_path, sample_interval=SAMPLE, pace=RULES
+        )
+    )
+    address = await server.start()
+    assert server.fleet is not None
+    fleet = server.fleet
+    channel = grpc.aio.insecure_channel(address)
+    agent = Agent(address, "p00", open_backend("fake:h200", node_name="p00"), backoff=(0.1, 0.3))
+    running = asyncio.create_task(agent.run())
+    blocker = Blocker()
+    late = None
+    try:
+        stub = fleet_pb2_grpc.FleetServiceStub(channel)
+        await enroll(stub, "p00")
+        await enroll(stub, "p01")
+        await until(agent.registered.is_set, 30, "the agent registers")
+        assert agent.report_interval == SAMPLE  # told in Registered
+        await until(lambda: fleet.pace.lag < RULES.ease_below, 10, "an idle loop keeps up")
+
+        blocker.start()
+        await until(lambda: agent.report_interval > SAMPLE, 20, "the agent is slowed down")
+        assert agent.report_interval == pytest.approx(SAMPLE * RULES.stretch)
+        assert fleet.report_interval == pytest.approx(SAMPLE * RULES.stretch)
+        assert fleet.pace.lag > RULES.slow_above
+        slowed = [r.getMessage() for r in caplog.records if "controller is behind" in r.message]
+        assert slowed and "1 agents asked to report every 0.8s" in slowed[0]
+
+        # An agent registering now is told the longer interval at once.
+        late = agent_pb2_grpc.AgentServiceStub(channel).Connect(register("p01"))
+        first = await late.read()
+        assert first.registered.sample_interval_s >= SAMPLE * RULES.stretch
+
+        blocker.stop()
+        await until(lambda: agent.report_interval == SAMPLE, 30, "the agent speeds up again")
+        assert fleet.report_interval == SAMPLE
+        assert any("keeps up" in r.getMessage() for r in caplog.records)
+        assert agent.registered.is_set() and agent.connections == 1  # one stream throughout
+    finally:
+        blocker.stop()
+        if late is not None:
+            late.cancel()
+        await agent.stop()
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await server.stop()
+        await channel.close()

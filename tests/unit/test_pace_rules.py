@@ -1,0 +1,102 @@
+"""The report pace: how the measured event-loop lag slows every agent's
+reports down and lets them speed up again (``controller/core/report_pace.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.core.report_pace import PaceRules, ReportPace
+
+RULES = PaceRules(window=3.0, slow_above=0.1, ease_below=0.02, stretch=1.5, ease=1.25, longest=20)
+BUSY = [0.05, 0.2, 0.3]  # median 0.2 s late
+CALM = [0.001, 0.002, 0.5]  # median 2 ms late: one long callback is not load
+MIDDLE = [0.05, 0.05, 0.05]
+
+
+def pace(budget: float = 5.0, rules: PaceRules = RULES) -> tuple[ReportPace, list[float]]:
+    allowed = [budget]
+    return ReportPace(rules, budget=lambda: allowed[0]), allowed
+
+
+@pytest.mark.timeout(10)
+def test_a_lagging_loop_stretches_the_interval_then_holds_for_two_intervals() -> None:
+    p, _ = pace()
+    assert p.interval() == 5.0
+    assert p.judge(BUSY, now=100.0) == 7.5
+    assert p.lag == 0.2 and p.interval() == 7.5
+    # Agents take the new interval up after their current wait: the next
+    # change waits two of the longer intervals.
+    assert p.judge(BUSY, now=114.9) is None
+    assert p.judge(BUSY, now=115.0) == 11.25
+
+
+@pytest.mark.timeout(10)
+def test_the_interval_never_passes_the_longest() -> None:
+    p, _ = pace()
+    now, asked = 0.0, []
+    for _ in range(10):
+        now += 100.0
+        if (interval := p.judge(BUSY, now)) is not None:
+            asked.append(interval)
+    assert asked == [7.5, 11.25, 16.875, 20]
+    assert p.interval() == 20
+
+
+@pytest.mark.timeout(10)
+def test_a_calm_loop_eases_back_to_the_budget_and_no_further() -> None:
+    p, _ = pace()
+    p.judge(BUSY, now=0.0)
+    p.judge(BUSY, now=100.0)  # 11.25 s
+    assert p.judge(MIDDLE, now=200.0) is None  # between the thresholds: held
+    assert p.judge(CALM, now=300.0) == 9.0
+    assert p.judge(CALM, now=400.0) == 7.2
+    assert p.judge(CALM, now=500.0) == 5.76
+    assert p.judge(CALM, now=600.0) == 5.0  # the budget, not 4.6
+    assert p.stretched == 0.0
+    assert p.judge(CALM, now=700.0) is None
+
+
+@pytest.mark.timeout(10)
+def test_the_budget_holds_the_floor_as_it_moves() -> None:
+    p, allowed = pace(budget=5.0)
+    p.judge(BUSY, now=0.0)  # 7.5 s
+    allowed[0] = 10.0  # more agents registered than the report budget allows at 7.5 s
+    assert p.interval() == 10.0
+    assert p.judge(CALM, now=100.0) is None  # the budget alone holds it at 10 s
+    assert p.stretched == 0.0
+    assert p.judge(BUSY, now=200.0) == 15.0  # a stretch starts from what agents are told
+
+
+@pytest.mark.timeout(10)
+def test_longest_zero_turns_the_pace_off_but_the_lag_is_still_measured() -> None:
+    p, _ = pace(rules=PaceRules(longest=0))
+    assert p.judge(BUSY, now=0.0) is None
+    assert p.lag == 0.2 and p.interval() == 5.0
+    assert p.judge([], now=10.0) is None and p.lag == 0.2
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"tick": 0},
+        {"window": 0.05},
+        {"ease_below": 0.2},
+        {"stretch": 1.0},
+        {"ease": 0.5},
+        {"longest": -1},
+    ],
+)
+def test_rules_that_cannot_work_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        PaceRules(**bad)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("0", 0.0), ("0.00", 0.0), ("-0", 0.0), ("45", 45.0)]
+)
+def test_max_report_interval_takes_seconds_or_zero_for_off(text: str, seconds: float) -> None:
+    from controller.options import seconds_or_off
+
+    assert seconds_or_off(text) == seconds
