@@ -165,6 +165,13 @@ class FleetGauges:
             "last window: above 0.1 s the agents are asked to report less often.",
             registry=registry,
         )
+        self.report_delay = Gauge(
+            "kiln_health_report_delay_seconds",
+            "How much later than its agent's quickest the median health report reached "
+            "the controller over the last window: above 0.1 s the agents are asked to "
+            "report less often.",
+            registry=registry,
+        )
         self.write_behind = Gauge(
             "kiln_health_write_behind_pending",
             "Health samples held in memory and not yet written to the database.",
@@ -209,6 +216,7 @@ class FleetGauges:
             self.outbox_lag.set(max(0.0, now - oldest_at) if oldest_at is not None else 0.0)
         self.report_interval.set(fleet.report_interval)
         self.loop_lag.set(fleet.pace.lag)
+        self.report_delay.set(fleet.pace.report_delay)
         self.write_behind.set(fleet.live.pending)
 
 

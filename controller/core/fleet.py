@@ -74,7 +74,7 @@ from controller.core.provisioning import (
     progress_lines,
 )
 from controller.core.rack_bringup import BringUpLine, BringUpRequest, RackBringUp
-from controller.core.report_pace import LoopLagProbe, PaceRules, ReportPace
+from controller.core.report_pace import LoopLagProbe, PaceRules, ReportDelays, ReportPace
 from controller.core.states import NodeState
 from controller.core.tasks import BackgroundTasks
 from controller.core.tokens import Tokens
@@ -229,7 +229,8 @@ class Fleet:
         self.max_reports_per_second = max_reports_per_second
         self._budget_told = sample_interval  # what the budget last allowed
         self.pace = ReportPace(pace or PaceRules(), budget=lambda: self._budget_told)
-        self._lag_probe = LoopLagProbe(self.pace, self._paced)
+        self.report_delays = ReportDelays()
+        self._lag_probe = LoopLagProbe(self.pace, self.report_delays, self._paced)
         self._loops = BackgroundTasks()
         self._background = BackgroundTasks()
         self._schedule_queued = False
@@ -713,23 +714,26 @@ class Fleet:
         self._budget_told = interval
         return self.pace.interval()
 
-    def _paced(self, interval: float, lag: float) -> None:
+    def _paced(self, interval: float) -> None:
         """The measured lag calls for a new report interval: tell every agent."""
         asked = self.agents.pace(interval)
-        if lag > self.pace.rules.slow_above:
+        pace = self.pace
+        if pace.late > pace.rules.slow_above:
             log.warning(
-                "health reports: the controller is behind (event loop %.0f ms late, median "
-                "over %gs); %d agents asked to report every %.1fs",
-                lag * 1000,
-                self.pace.rules.window,
+                "health reports: the controller is behind (event loop %.0f ms late, reports "
+                "%.0f ms, medians over %gs); %d agents asked to report every %.1fs",
+                pace.lag * 1000,
+                pace.report_delay * 1000,
+                pace.rules.window,
                 asked,
                 interval,
             )
         else:
             log.info(
-                "health reports: the controller keeps up (event loop %.0f ms late); "
-                "%d agents asked to report every %.1fs",
-                lag * 1000,
+                "health reports: the controller keeps up (event loop %.0f ms late, reports "
+                "%.0f ms); %d agents asked to report every %.1fs",
+                pace.lag * 1000,
+                pace.report_delay * 1000,
                 asked,
                 interval,
             )
@@ -755,11 +759,15 @@ class Fleet:
         background (the stream's own task may be cancelled as it ends), unless
         the controller itself is stopping (then every stream ends at once, and
         25,000 events would hold the shutdown up for a minute)."""
-        if self.agents.detach(session) and not self.stopping:
+        if not self.agents.detach(session):
+            return
+        self.report_delays.forget(session.node)
+        if not self.stopping:
             log.info("node %s: agent disconnected", session.node)
             self._spawn(self.nodes.agent_gone(session.node))
 
     async def agent_health(self, node: str, health: HealthReport) -> None:
+        self.report_delays.note(node, health.sampled_at, time.time())
         was_unhealthy = self.nodes.judged_unhealthy(node)
         rack = await self.nodes.agent_health(node, health)
         self.meter.health_report()

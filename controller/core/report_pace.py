@@ -7,7 +7,16 @@ ahead of it (stream reads, database answers, API calls) and the
 interpreter shared with the database thread, so it grows as soon as the
 controller takes in more than it can process, before the buffers do.
 
-When the median lag over a window is above ``slow_above``, every connected
+The loop's lag misses one overload: gRPC takes in calls and messages on
+its own thread, and when the reports fill the interpreter its queue grows
+while the loop's timers stay on time (measured: new agents' calls waited
+minutes while the timer ran 20-50 ms late). So the reports' own lateness
+counts too (``ReportDelays``): each report's ``now - sampled_at`` less the
+smallest such gap from the same agent since it registered, so that a
+steady clock offset between agent and controller cancels out.
+
+When the median lag over a window (the loop's, or the reports' when a
+window holds enough of them) is above ``slow_above``, every connected
 agent is asked to report less often (the interval times ``stretch``, up to
 ``longest``). When it is below ``ease_below`` the interval comes back by
 ``ease`` a step, never below what the budget allows. After a change the
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +37,7 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 DEFAULT_LONGEST_INTERVAL = 60.0  # s: agents are never asked to report less often
+MIN_REPORTS = 20  # reports a window needs before their lateness counts
 
 
 @dataclass(frozen=True)
@@ -68,30 +79,37 @@ class ReportPace:
         self.rules = rules
         self._budget = budget
         self.stretched = 0.0  # the lag-driven interval; 0 while none is
-        self.lag = 0.0  # median lag (s) of the last window judged
+        self.lag = 0.0  # the loop's median lag (s) over the last window judged
+        self.report_delay = 0.0  # the reports' median delay (s) over it
+        self.late = 0.0  # the larger of the two: what the pace follows
         self._hold_until = float("-inf")
 
     def interval(self) -> float:
         """What agents are asked for now."""
         return max(self._budget(), self.stretched)
 
-    def judge(self, lags: Sequence[float], now: float) -> float | None:
-        """Judge one window's lags (seconds) at ``now`` (seconds, any clock
-        that ``now`` keeps): the interval to ask every agent for, or None to
-        leave the pace as it is."""
+    def judge(
+        self, lags: Sequence[float], now: float, delays: Sequence[float] = ()
+    ) -> float | None:
+        """Judge one window at ``now`` (seconds, any clock that ``now``
+        keeps): the loop's lags and the reports' delays (seconds; the delays
+        count from ``MIN_REPORTS`` of them). Returns the interval to ask
+        every agent for, or None to leave the pace as it is."""
         if not lags:
             return None
         self.lag = statistics.median(lags)
+        self.report_delay = statistics.median(delays) if len(delays) >= MIN_REPORTS else 0.0
+        self.late = max(self.lag, self.report_delay)
         rules = self.rules
         if not rules.longest or now < self._hold_until:
             return None
         before = self.interval()
-        if self.lag > rules.slow_above:
+        if self.late > rules.slow_above:
             after = min(rules.longest, before * rules.stretch)
             if after <= before:
                 return None  # at the longest already
             self.stretched = after
-        elif self.lag < rules.ease_below and self.stretched:
+        elif self.late < rules.ease_below and self.stretched:
             after = before / rules.ease
             budget = self._budget()
             if after <= budget:
@@ -106,12 +124,57 @@ class ReportPace:
         return after
 
 
-class LoopLagProbe:
-    """Probes the running loop's lag and hands each window to ``pace``;
-    ``on_change(interval, lag)`` when the pace asks for a new interval."""
+class ReportDelays:
+    """How much later than its agent's best each report arrives (seconds).
 
-    def __init__(self, pace: ReportPace, on_change: Callable[[float, float], None]) -> None:
+    A window keeps a uniform sample of at most ``keep`` delays (reservoir
+    sampling), so a window costs the same memory at any report rate.
+    """
+
+    def __init__(self, keep: int = 2000, rng: random.Random | None = None) -> None:
+        self.keep = keep
+        self._rng = rng or random.Random()
+        self._best: dict[str, float] = {}
+        self._window: list[float] = []
+        self._seen = 0
+
+    def note(self, node: str, sampled_at: float, now: float) -> None:
+        """A report from ``node`` sampled at ``sampled_at`` arrived at ``now``
+        (both Unix seconds, the agent's clock and the controller's)."""
+        if sampled_at <= 0:
+            return  # no sampling time: nothing to judge
+        gap = now - sampled_at
+        best = self._best.get(node)
+        if best is None or gap < best:
+            self._best[node] = best = gap
+        self._seen += 1
+        if len(self._window) < self.keep:
+            self._window.append(gap - best)
+        else:
+            slot = self._rng.randrange(self._seen)
+            if slot < self.keep:
+                self._window[slot] = gap - best
+
+    def forget(self, node: str) -> None:
+        """The node's agent went away: its next session starts a new best."""
+        self._best.pop(node, None)
+
+    def take(self) -> list[float]:
+        """This window's delays; the next window starts empty."""
+        window, self._window, self._seen = self._window, [], 0
+        return window
+
+
+class LoopLagProbe:
+    """Probes the running loop's lag and hands each window, with the
+    reports' delays, to ``pace``; ``on_change(interval)`` when the pace asks
+    for a new interval."""
+
+    def __init__(
+        self, pace: ReportPace, delays: ReportDelays, on_change: Callable[[float], None]
+    ) -> None:
         self.pace = pace
+        self._delays = delays
         self._on_change = on_change
 
     async def run(self) -> None:
@@ -126,11 +189,11 @@ class LoopLagProbe:
             lags.append(max(0.0, now - before - rules.tick))
             if now < judge_at:
                 continue
-            interval = self.pace.judge(lags, now)
+            interval = self.pace.judge(lags, now, self._delays.take())
             lags = []
             judge_at = now + rules.window
             if interval is not None:
                 try:
-                    self._on_change(interval, self.pace.lag)
+                    self._on_change(interval)
                 except Exception:
                     log.exception("report pace: telling the agents failed")

@@ -42,6 +42,7 @@ FAMILIES = (
     "kiln_health_reports",
     "kiln_agent_report_interval_seconds",
     "kiln_controller_loop_lag_seconds",
+    "kiln_health_report_delay_seconds",
     "kiln_health_write_behind_pending",
 )
 
@@ -128,6 +129,7 @@ async def test_metrics_show_the_fleet_and_what_it_did(
     assert total(samples, "kiln_health_reports_total") > 0
     assert total(samples, "kiln_agent_report_interval_seconds") == 0.5
     assert 0 <= total(samples, "kiln_controller_loop_lag_seconds") < 1.0
+    assert 0 <= total(samples, "kiln_health_report_delay_seconds") < 1.0
     assert SIM_PASSWORD not in text
 
 

@@ -63,9 +63,13 @@ async def enroll(stub: fleet_pb2_grpc.FleetServiceStub, name: str) -> None:
     )
 
 
-async def register(name: str) -> AsyncIterator[agent_pb2.AgentMessage]:
+def register_message(name: str) -> agent_pb2.AgentMessage:
     gpu = types_pb2.Gpu(index=0, uuid=f"GPU-{name}", model="NVIDIA H200", memory_mib=141000)
-    yield agent_pb2.AgentMessage(register=agent_pb2.Register(node_name=name, gpus=[gpu]))
+    return agent_pb2.AgentMessage(register=agent_pb2.Register(node_name=name, gpus=[gpu]))
+
+
+async def register(name: str) -> AsyncIterator[agent_pb2.AgentMessage]:
+    yield register_message(name)
     await asyncio.Event().wait()
 
 
@@ -120,5 +124,52 @@ async def test_a_lagging_controller_slows_its_agents_and_lets_them_speed_up_agai
         await agent.stop()
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+        await server.stop()
+        await channel.close()
+
+
+@pytest.mark.timeout(120)
+async def test_reports_arriving_late_slow_the_agents_while_the_loop_keeps_time(
+    tmp_path: Path,
+) -> None:
+    """A backlog ahead of the controller's code (gRPC's own queue) delays
+    every report while the event loop stays on time: here an agent's stream
+    sends reports sampled 0.5 s before they are sent, after one sent at once
+    (its quickest), and the controller asks it to slow down."""
+    server = ControllerServer(
+        ControllerConfig(
+            listen="127.0.0.1:0", state_dir=tmp_path, sample_interval=SAMPLE, pace=RULES
+        )
+    )
+    address = await server.start()
+    assert server.fleet is not None
+    fleet = server.fleet
+    channel = grpc.aio.insecure_channel(address)
+    sending = asyncio.Event()
+
+    async def late_reports(name: str) -> AsyncIterator[agent_pb2.AgentMessage]:
+        yield register_message(name)
+        await sending.wait()
+        yield agent_pb2.AgentMessage(health=types_pb2.NodeHealth(sampled_at=time.time()))
+        while True:
+            await asyncio.sleep(0.01)
+            yield agent_pb2.AgentMessage(health=types_pb2.NodeHealth(sampled_at=time.time() - 0.5))
+
+    call = None
+    try:
+        await enroll(fleet_pb2_grpc.FleetServiceStub(channel), "d00")
+        call = agent_pb2_grpc.AgentServiceStub(channel).Connect(late_reports("d00"))
+        first = await call.read()
+        assert first.registered.sample_interval_s == SAMPLE
+        await until(lambda: fleet.pace.lag < RULES.ease_below, 10, "an idle loop keeps up")
+        sending.set()
+        paced = await asyncio.wait_for(call.read(), 20)
+        assert paced.WhichOneof("body") == "pace"
+        assert paced.pace.sample_interval_s == pytest.approx(SAMPLE * RULES.stretch)
+        assert fleet.pace.report_delay == pytest.approx(0.5, abs=0.1)
+        assert fleet.pace.lag < RULES.slow_above  # the loop alone would not have slowed it
+    finally:
+        if call is not None:
+            call.cancel()
         await server.stop()
         await channel.close()

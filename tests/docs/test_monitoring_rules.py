@@ -44,6 +44,7 @@ CONTROLLER_METRICS = CONTROLLER_HISTOGRAMS | {
     "kiln_health_reports_total",
     "kiln_agent_report_interval_seconds",
     "kiln_controller_loop_lag_seconds",
+    "kiln_health_report_delay_seconds",
     "kiln_health_write_behind_pending",
 }
 # The agents' metrics (dcgm-exporter names, on --metrics-port).

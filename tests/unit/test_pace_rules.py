@@ -3,9 +3,12 @@ reports down and lets them speed up again (``controller/core/report_pace.py``)."
 
 from __future__ import annotations
 
+import random
+import statistics
+
 import pytest
 
-from controller.core.report_pace import PaceRules, ReportPace
+from controller.core.report_pace import MIN_REPORTS, PaceRules, ReportDelays, ReportPace
 
 RULES = PaceRules(window=3.0, slow_above=0.1, ease_below=0.02, stretch=1.5, ease=1.25, longest=20)
 BUSY = [0.05, 0.2, 0.3]  # median 0.2 s late
@@ -100,3 +103,42 @@ def test_max_report_interval_takes_seconds_or_zero_for_off(text: str, seconds: f
     from controller.options import seconds_or_off
 
     assert seconds_or_off(text) == seconds
+
+
+@pytest.mark.timeout(10)
+def test_late_reports_slow_the_agents_even_when_the_loop_keeps_time() -> None:
+    p, _ = pace()
+    late = [0.4] * MIN_REPORTS
+    assert p.judge(CALM, now=0.0, delays=late) == 7.5
+    assert p.lag == 0.002 and p.report_delay == 0.4 and p.late == 0.4
+    # Too few reports to judge by: the loop alone decides.
+    assert p.judge(CALM, now=100.0, delays=late[:-1]) == 6.0
+    assert p.report_delay == 0.0
+
+
+@pytest.mark.timeout(10)
+def test_a_report_is_late_against_its_own_agents_quickest_so_clock_offsets_cancel() -> None:
+    delays = ReportDelays()
+    # Agent a's clock is 30 s behind the controller's, b's 2 s ahead.
+    delays.note("a", sampled_at=1000.0, now=1030.05)
+    delays.note("b", sampled_at=1002.0, now=1000.01)
+    delays.note("a", sampled_at=1001.0, now=1031.25)  # 0.2 s later than a's best
+    delays.note("b", sampled_at=1003.0, now=1001.01)
+    delays.note("x", sampled_at=0.0, now=1002.0)  # no sampling time: not counted
+    assert delays.take() == pytest.approx([0.0, 0.0, 0.2, 0.0])
+    assert delays.take() == []
+    delays.note("a", sampled_at=1002.0, now=1032.05)  # back to a's best
+    delays.forget("b")  # b reconnects: its best starts again
+    delays.note("b", sampled_at=1004.0, now=1003.0)
+    assert delays.take() == pytest.approx([0.0, 0.0])
+
+
+@pytest.mark.timeout(10)
+def test_a_window_keeps_a_bounded_sample_of_the_delays() -> None:
+    delays = ReportDelays(keep=100, rng=random.Random(7))
+    for i in range(10_000):
+        # Each node first at its quickest, then 0.0-0.9 s later in turn.
+        delays.note(f"n{i % 50}", sampled_at=1000.0, now=1000.0 + (i // 50 % 10) / 10)
+    window = delays.take()
+    assert len(window) == 100
+    assert 0.3 <= statistics.median(window) <= 0.6  # uniform over 0.0-0.9
