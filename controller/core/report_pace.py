@@ -4,8 +4,8 @@ The report budget (``--max-health-reports-per-second``) is a static guess,
 applied as agents register. This is the measured half: a probe on the event
 loop notes how late a short timer fires. That lag is everything queued
 ahead of it (stream reads, database answers, API calls) and the
-interpreter shared with the database thread, so it grows as soon as the
-controller takes in more than it can process, before the buffers do.
+interpreter shared with the database thread, so it grows when the
+controller's own work outruns it.
 
 The loop's lag misses one overload: gRPC takes in calls and messages on
 its own thread, and when the reports fill the interpreter its queue grows
