@@ -80,13 +80,6 @@ SERVICES = (
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
 )
 STANDBY = "this controller is a standby; another controller is active on its database"
-# Calls gRPC may hold before the server takes them up. gRPC's defaults (1,000
-# soft, 3,000 hard) shed new calls beyond them: measured, a controller with
-# about 2,000 agent streams open took almost no new one (a few a minute)
-# while the rest of a fleet tried to register, and the waiting ones ended
-# CANCELLED. A fleet reconnecting at once is that many calls; they wait
-# their turn instead (each agent backs off on its own when one fails).
-MAX_PENDING_CALLS = 100_000
 
 
 class ListenError(InvalidArgument):
@@ -438,8 +431,12 @@ class ControllerServer:
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-                ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
-                ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+                # gRPC's own limit on calls waiting to be taken up (1,000,
+                # then it refuses them) is kept: tried at 100,000, a restart
+                # with 25,000 agents reconnecting collapsed (bench/
+                # controller_restart.py: 1,627 registered in 885 s, not all
+                # 24,996 in 446 s), as calls waited past their agents' patience.
+                # Refused at once, an agent backs off and comes back.
             ],
         )
         server.add_generic_rpc_handlers((self._services,))
