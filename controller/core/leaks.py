@@ -12,7 +12,9 @@ driver looks for detectors afresh): in a fleet of such nodes the watcher
 then costs next to nothing between those reads. The reads do not depend on the
 node's agent: a tray whose agent is silent (or whose OS hung) is watched all
 the same. A BMC that is slow holds up only its own node: a pass does not
-wait for a read still in flight from the last one.
+wait for a read still in flight from the last one. A BMC that cannot be read
+is read again after ``interval``, then after twice that, and so on up to 5
+minutes (jittered, ``backoff``); a good read starts it afresh.
 
 Each reading is classified (``classify``, the rule in docs/leaks.md):
 
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Collection
@@ -63,6 +66,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from controller.core.backoff import StepBackoff
 from controller.core.errors import FailedPrecondition, InvalidArgument, KilnError, NotSupported
 from controller.core.eventlog import record, tell_job
 from controller.core.kinds import EventKind
@@ -82,6 +86,7 @@ DEFAULT_LEAK_CONCURRENCY = 256  # the Redfish thread pool's default size
 # A BMC that showed no leak detectors is asked again after this long (the
 # Redfish driver's own LEAK_REDISCOVER_S: sooner would read its cached answer).
 DEFAULT_LEAK_REDISCOVER = 600.0
+DEFAULT_LEAK_MAX_BACKOFF = 300.0  # s: the longest wait before an unreadable BMC is read again
 # DMTF Resource.State values in which a detector is sensing (None: not reported).
 SENSING_STATES = frozenset({"Enabled", "Degraded", "Qualified"})
 MAX_REASON = 1024
@@ -145,12 +150,14 @@ class _Watched:
     target: BmcTarget | None = None
     unreadable: str = ""  # the last read's error ("" after a good read)
     none_at: float | None = None  # monotonic: when the BMC last showed no detectors
+    failures: int = 0  # reads in a row that failed
+    retry_at: float = 0.0  # monotonic: not read again before (after a failed read)
 
 
 class LeakWatcher:
     """Reads every node's leak detectors and acts on them (module docstring).
 
-    ``interval``, ``concurrency`` and ``rediscover`` are plain attributes and
+    ``interval``, ``concurrency``, ``rediscover`` and ``backoff`` are plain attributes and
     may be changed while it runs. ``on_node_failed`` is ``Allocations.node_failed``.
     """
 
@@ -173,6 +180,11 @@ class LeakWatcher:
         self.interval = interval
         self.concurrency = concurrency
         self.rediscover = DEFAULT_LEAK_REDISCOVER
+        # A BMC that cannot be read is read again after a doubling delay, up
+        # to 5 minutes: a fleet of dead BMCs must not cost a read each every
+        # interval (25,000 of them held a restarted controller's one core).
+        self.backoff = StepBackoff(first_delay_s=interval, max_delay_s=DEFAULT_LEAK_MAX_BACKOFF)
+        self._rng = random.Random()
         self._watched: dict[str, _Watched] = {}
         self._unsupported: dict[str, str] = {}  # node → the BMC URL that has no detectors
         self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -207,6 +219,7 @@ class LeakWatcher:
             if self._unsupported.get(n.name) != n.bmc_url
             and n.name not in self._in_flight
             and not self._without_detectors(n.name, started)
+            and not self._backing_off(n.name, started)
         ]
         targets = await self._targets(nodes)
         gate = asyncio.Semaphore(max(1, self.concurrency))
@@ -255,6 +268,11 @@ class LeakWatcher:
                 self._memory(target.node).target = target
         return found
 
+    def _backing_off(self, name: str, now: float) -> bool:
+        """Whether ``name``'s last read failed too recently to read it again."""
+        kept = self._watched.get(name)
+        return kept is not None and now < kept.retry_at
+
     def _without_detectors(self, name: str, now: float) -> bool:
         """Whether ``name``'s BMC showed no detectors less than ``rediscover`` ago."""
         kept = self._watched.get(name)
@@ -299,11 +317,21 @@ class LeakWatcher:
             return None
         except KilnError as e:
             memory = self._memory(name)
+            memory.failures += 1
+            delay = self.backoff.delay(memory.failures, self._rng)
+            memory.retry_at = time.monotonic() + delay
             if not memory.unreadable:
-                log.info("node %s: leak detectors unreadable: %s", name, e)
+                log.info(
+                    "node %s: leak detectors unreadable: %s (read again in %.0fs, then "
+                    "less often while it fails)",
+                    name,
+                    e,
+                    delay,
+                )
             memory.unreadable = str(e)
             return None
         memory = self._memory(name)
+        memory.failures, memory.retry_at = 0, 0.0
         if memory.unreadable:
             log.info("node %s: leak detectors readable again", name)
             memory.unreadable = ""

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 from controller.core.agents import AgentHub
 from controller.core.allocations import mark_ready_if_prepared
+from controller.core.backoff import StepBackoff
 from controller.core.checks import CheckRunner, testing_reason
 from controller.core.errors import InvalidArgument, KilnError, NotFound, NotSupported
 from controller.core.model import AgentCommand
@@ -111,22 +112,6 @@ STEPPING = (
     S.TESTING,
     S.PROVISIONING,
 )
-
-
-@dataclass(frozen=True)
-class StepBackoff:
-    """How long a node waits after a step that failed or made no progress:
-    the n-th in a row waits ``first_delay_s * 2**(n-1)`` seconds, at most
-    ``max_delay_s``, times a random factor in [1 - jitter, 1] so that a rack
-    of nodes that failed together does not retry together."""
-
-    first_delay_s: float = 1.0
-    max_delay_s: float = 60.0
-    jitter: float = 0.5
-
-    def delay(self, failures: int, rng: random.Random) -> float:
-        base = min(self.max_delay_s, self.first_delay_s * 2 ** max(0, failures - 1))
-        return base * (1.0 - self.jitter * rng.random())
 
 
 @dataclass

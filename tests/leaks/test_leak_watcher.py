@@ -5,6 +5,7 @@ acted on; IPMI nodes are skipped quietly."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from bmc_peers import PASSWORD, USER, make_pool
 from conftest import Rig, make_rig
 
 from controller.bmc.gateway import PoolGateway
+from controller.core.backoff import StepBackoff
 from controller.core.errors import FailedPrecondition
 from controller.core.fleet import Fleet
 from controller.core.kinds import EventKind
@@ -359,3 +361,33 @@ async def test_a_bmc_without_leak_detectors_is_asked_again_only_after_rediscover
         finally:
             await fleet.leaks.stop()
             await gateway.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_bmc_that_cannot_be_read_is_read_again_after_growing_delays(
+    store: Store, emulator: RedfishEmulator
+) -> None:
+    """An unreachable BMC is read again after a doubling delay, not every
+    pass (a fleet of dead BMCs held a restarted controller's core); a node
+    beside it is read every pass all the same."""
+    gateway = _CountingGateway(make_pool(call_timeout=5.0), power_timeout=20.0)
+    fleet = Fleet(store, gateway)
+    try:
+        await fleet.nodes.loaded()
+        dead = f"redfish+http://127.0.0.1:{free_port()}/redfish/v1/Systems/dead-00000"
+        await fleet.enroll(EnrollSpec("dead-00000", dead, USER, PASSWORD, rack="r1"))
+        await fleet.enroll(EnrollSpec(TRAY, emulator.system_url(TRAY), USER, PASSWORD, rack="r1"))
+        fleet.leaks.backoff = StepBackoff(first_delay_s=0.25, max_delay_s=1.0, jitter=0)
+        passes = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 3.0:
+            await fleet.leaks.run_once()
+            await fleet.leaks.settle()
+            passes += 1
+            await asyncio.sleep(0.02)
+        # Read at 0, then after 0.25, 0.5, 1 and 1 s: five reads in 3 s (give
+        # or take one for the time the reads themselves take).
+        assert 4 <= gateway.leak_reads["dead-00000"] <= 6, (gateway.leak_reads, passes)
+        assert gateway.leak_reads[TRAY] == passes > 20
+    finally:
+        await fleet.stop()
