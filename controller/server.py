@@ -432,11 +432,9 @@ class ControllerServer:
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                 # gRPC's own limit on calls waiting to be taken up (1,000,
-                # then it refuses them) is kept: tried at 100,000, a restart
-                # with 25,000 agents reconnecting collapsed (bench/
-                # controller_restart.py: 1,627 registered in 885 s, not all
-                # 24,996 in 446 s), as calls waited past their agents' patience.
-                # Refused at once, an agent backs off and comes back.
+                # then it refuses them) is kept: a refused agent backs off and
+                # comes back. Raised to 100,000 it let 3,000 calls in at once,
+                # but was not shown to help a 25,000-agent reconnect (README).
             ],
         )
         server.add_generic_rpc_handlers((self._services,))
