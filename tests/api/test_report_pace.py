@@ -21,6 +21,7 @@ import pytest
 
 from agent.client import Agent
 from agent.nvml import open_backend
+from controller.core.fleet import Fleet
 from controller.core.report_pace import PaceRules
 from controller.server import ControllerConfig, ControllerServer
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
@@ -52,6 +53,18 @@ class Blocker:
             self._handle.cancel()
 
 
+async def pacing_controller(state_dir: Path) -> tuple[ControllerServer, Fleet, str]:
+    """A controller on loopback with the test's pace rules: (server, its Fleet, address)."""
+    server = ControllerServer(
+        ControllerConfig(
+            listen="127.0.0.1:0", state_dir=state_dir, sample_interval=SAMPLE, pace=RULES
+        )
+    )
+    address = await server.start()
+    assert server.fleet is not None
+    return server, server.fleet, address
+
+
 async def enroll(stub: fleet_pb2_grpc.FleetServiceStub, name: str) -> None:
     await stub.EnrollNode(
         fleet_pb2.EnrollNodeRequest(
@@ -78,14 +91,7 @@ async def test_a_lagging_controller_slows_its_agents_and_lets_them_speed_up_agai
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    server = ControllerServer(
-        ControllerConfig(
-            listen="127.0.0.1:0", state_dir=tmp_path, sample_interval=SAMPLE, pace=RULES
-        )
-    )
-    address = await server.start()
-    assert server.fleet is not None
-    fleet = server.fleet
+    server, fleet, address = await pacing_controller(tmp_path)
     channel = grpc.aio.insecure_channel(address)
     agent = Agent(address, "p00", open_backend("fake:h200", node_name="p00"), backoff=(0.1, 0.3))
     running = asyncio.create_task(agent.run())
@@ -136,14 +142,7 @@ async def test_reports_arriving_late_slow_the_agents_while_the_loop_keeps_time(
     every report while the event loop stays on time: here an agent's stream
     sends reports sampled 0.5 s before they are sent, after one sent at once
     (its quickest), and the controller asks it to slow down."""
-    server = ControllerServer(
-        ControllerConfig(
-            listen="127.0.0.1:0", state_dir=tmp_path, sample_interval=SAMPLE, pace=RULES
-        )
-    )
-    address = await server.start()
-    assert server.fleet is not None
-    fleet = server.fleet
+    server, fleet, address = await pacing_controller(tmp_path)
     channel = grpc.aio.insecure_channel(address)
     sending = asyncio.Event()
 
