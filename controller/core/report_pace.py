@@ -81,8 +81,12 @@ class ReportPace:
         self.stretched = 0.0  # the lag-driven interval; 0 while none is
         self.lag = 0.0  # the loop's median lag (s) over the last window judged
         self.report_delay = 0.0  # the reports' median delay (s) over it
-        self.late = 0.0  # the larger of the two: what the pace follows
         self._hold_until = float("-inf")
+
+    @property
+    def late(self) -> float:
+        """The larger of the last window's two medians: what the pace follows."""
+        return max(self.lag, self.report_delay)
 
     def interval(self) -> float:
         """What agents are asked for now."""
@@ -99,7 +103,6 @@ class ReportPace:
             return None
         self.lag = statistics.median(lags)
         self.report_delay = statistics.median(delays) if len(delays) >= MIN_REPORTS else 0.0
-        self.late = max(self.lag, self.report_delay)
         rules = self.rules
         if not rules.longest or now < self._hold_until:
             return None
