@@ -103,3 +103,15 @@ def counts_against_breaker(exc: BaseException) -> bool:
     if isinstance(exc, BmcBadResponse):
         return True
     return is_transient(exc) and not isinstance(exc, BmcBusy)
+
+
+def says_endpoint_down(exc: BaseException) -> bool:
+    """True when ``exc`` says nothing at the BMC's address answers: no
+    connection, or no answer in time. Every system served from that
+    host:port shares such a failure (one Redfish service for many systems:
+    an emulator, a chassis or rack manager). A bad answer, a 5xx, a refusal
+    or a call that never got its turn is about what was asked, not the
+    address; so is a TLS failure, which is final and never retried."""
+    if isinstance(exc, BmcBreakerOpen | BmcBusy | BmcTlsError | BmcPowerNotHonoured):
+        return False
+    return isinstance(exc, BmcUnreachable | BmcTimeout)

@@ -356,7 +356,7 @@ class Bmc:
     @property
     def health(self) -> BmcHealth:
         """The breaker's view: "ok" | "degraded" | "unreachable" and the last error."""
-        return self._guard.breaker.health
+        return self._guard.health
 
     def __repr__(self) -> str:
         return f"Bmc(node={self.node!r}, protocol={self.protocol!r}, host={self._guard.host!r})"

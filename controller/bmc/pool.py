@@ -99,6 +99,9 @@ class BmcPool:
         self._handles: dict[tuple[str, _Key], Bmc] = {}
         self._drivers: dict[_Key, Driver] = {}
         self._guards: dict[_Key, BmcGuard] = {}
+        # One breaker per BMC address (protocol, host, port), shared by the
+        # guards of every system served from it.
+        self._endpoints: dict[tuple[str, str, int], CircuitBreaker] = {}
         self._closed = False
 
     def get(
@@ -136,12 +139,8 @@ class BmcPool:
                 executor=self._pool_for(entry),
                 call_timeout=self.call_timeout,
                 retry=self._retry,
-                breaker=CircuitBreaker(
-                    label,
-                    failure_threshold=self._breaker_threshold,
-                    cooldown=self._breaker_cooldown,
-                    clock=self._clock,
-                ),
+                breaker=self._breaker(label),
+                endpoint=self._endpoint(address, label),
                 clock=self._clock,
                 rng=random.Random(self._rng.random()),
                 max_in_flight=self._max_in_flight or entry.max_in_flight,
@@ -159,6 +158,25 @@ class BmcPool:
         self._handles[(node_name, key)] = handle
         LOG.debug("node %s: BMC handle for %s (%s)", node_name, address.url, address.protocol)
         return handle
+
+    def _breaker(self, label: str) -> CircuitBreaker:
+        return CircuitBreaker(
+            label,
+            failure_threshold=self._breaker_threshold,
+            cooldown=self._breaker_cooldown,
+            # A probe is one attempt; one that ended without an outcome (it
+            # never got a thread) lets the next through after that long.
+            probe_timeout=self.call_timeout + 1.0,
+            clock=self._clock,
+        )
+
+    def _endpoint(self, address: BmcAddress, label: str) -> CircuitBreaker:
+        """The breaker of ``address``'s host:port, made on first use."""
+        key = (address.protocol, address.host, address.port)
+        breaker = self._endpoints.get(key)
+        if breaker is None:
+            breaker = self._endpoints[key] = self._breaker(label)
+        return breaker
 
     def _pool_for(self, entry: registry.SchemeEntry) -> WorkerPool:
         pool = self._pools.get(entry.protocol)
@@ -178,7 +196,7 @@ class BmcPool:
         """How many BMC endpoints' breakers are in each state (for metrics)."""
         counts = dict.fromkeys((s.value for s in BreakerState), 0)
         for guard in self._guards.values():
-            counts[guard.breaker.state.value] += 1
+            counts[guard.state.value] += 1
         return counts
 
     async def close(self) -> None:
@@ -196,6 +214,7 @@ class BmcPool:
         self._drivers.clear()
         self._handles.clear()
         self._guards.clear()
+        self._endpoints.clear()
         for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
         if not drivers:

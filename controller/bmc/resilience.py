@@ -46,6 +46,7 @@ from controller.bmc.errors import (
     BmcPoolClosed,
     counts_against_breaker,
     is_transient,
+    says_endpoint_down,
 )
 from controller.bmc.types import BmcHealth
 from controller.bmc.workers import WorkerPoolClosed
@@ -100,7 +101,13 @@ class BreakerState(enum.Enum):
 class CircuitBreaker:
     """Per-BMC breaker: closed -> open after ``failure_threshold`` consecutive
     transient failures -> half-open after ``cooldown`` seconds -> closed on the
-    first answer (or open again on a failed probe)."""
+    first answer (or open again on a failed probe).
+
+    Half-open lets one probe through at a time: other calls fail fast until
+    the probe's outcome is recorded, or for at most ``probe_timeout`` seconds
+    (a probe that ended without one, e.g. never got a worker thread). Without
+    that, every caller waiting out the cool-down would go to a dead BMC at
+    once when it ends."""
 
     def __init__(
         self,
@@ -108,35 +115,51 @@ class CircuitBreaker:
         *,
         failure_threshold: int = 5,
         cooldown: float = 30.0,
+        probe_timeout: float = 30.0,
         clock: Clock | None = None,
     ) -> None:
         self.host = host
         self.failure_threshold = failure_threshold
         self.cooldown = cooldown
+        self.probe_timeout = probe_timeout
         self._clock = clock or SystemClock()
         self.state = BreakerState.CLOSED
         self.consecutive_failures = 0
         self.last_error: str | None = None
         self._opened_at = 0.0
+        self._probe_at: float | None = None  # monotonic: when the half-open probe went out
 
     def before_call(self) -> None:
         """Raise ``BmcBreakerOpen`` when calls must fail fast."""
-        if self.state is not BreakerState.OPEN:
+        if self.state is BreakerState.CLOSED:
             return
-        waited = self._clock.monotonic() - self._opened_at
-        if waited >= self.cooldown:
+        now = self._clock.monotonic()
+        if self.state is BreakerState.OPEN:
+            waited = now - self._opened_at
+            if waited < self.cooldown:
+                raise self._refusal(self.cooldown - waited)
             self.state = BreakerState.HALF_OPEN
-            return
-        raise BmcBreakerOpen(
+            self._probe_at = None
+        if self._probe_at is not None and now - self._probe_at < self.probe_timeout:
+            raise self._refusal(self.probe_timeout - (now - self._probe_at))
+        self._probe_at = now
+
+    def release_probe(self) -> None:
+        """The call let through as the probe was not made: let the next one be."""
+        self._probe_at = None
+
+    def _refusal(self, retry_in: float) -> BmcBreakerOpen:
+        return BmcBreakerOpen(
             host=self.host,
             failures=self.consecutive_failures,
             reason=self.last_error or "unknown",
-            retry_in=self.cooldown - waited,
+            retry_in=retry_in,
         )
 
     def record_success(self) -> None:
         self.state = BreakerState.CLOSED
         self.consecutive_failures = 0
+        self._probe_at = None
 
     def trip(self, reason: str) -> BmcBreakerOpen:
         """Open now (calls are stuck in the library: sending more would only
@@ -146,6 +169,7 @@ class CircuitBreaker:
         self.last_error = reason
         self.state = BreakerState.OPEN
         self._opened_at = self._clock.monotonic()
+        self._probe_at = None
         return BmcBreakerOpen(
             host=self.host,
             failures=self.consecutive_failures,
@@ -162,6 +186,7 @@ class CircuitBreaker:
         ):
             self.state = BreakerState.OPEN
             self._opened_at = self._clock.monotonic()
+            self._probe_at = None
 
     @property
     def trusted(self) -> bool:
@@ -208,6 +233,11 @@ class BmcGuard:
             caller gave up but whose thread has not returned.
         stuck_grace: seconds a call waits for a slot held only by stuck calls
             (running longer than ``call_timeout``) before the breaker trips.
+        endpoint: the breaker of the BMC's address (host:port), shared by
+            every guard of a system served from it. It counts only failures
+            that say nothing answers there (``says_endpoint_down``) and is
+            asked first: a dead address shared by many systems costs a few
+            calls, not a few per system.
     """
 
     def __init__(
@@ -225,6 +255,7 @@ class BmcGuard:
         stuck_grace: float = 0.5,
         protocol: str = "",
         meter: Meter | None = None,
+        endpoint: CircuitBreaker | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
@@ -236,6 +267,7 @@ class BmcGuard:
         self.retry = retry or RetryPolicy()
         self.clock = clock or SystemClock()
         self.breaker = breaker or CircuitBreaker(host, clock=self.clock)
+        self.endpoint = endpoint
         self.max_in_flight = max_in_flight
         self.stuck_grace = stuck_grace
         self._executor = executor
@@ -278,6 +310,33 @@ class BmcGuard:
             self._lock.release()
 
     @property
+    def state(self) -> BreakerState:
+        """The stricter of this BMC's breaker and its address's."""
+        states = [self.breaker.state]
+        if self.endpoint is not None:
+            states.append(self.endpoint.state)
+        for state in (BreakerState.OPEN, BreakerState.HALF_OPEN):
+            if state in states:
+                return state
+        return BreakerState.CLOSED
+
+    @property
+    def health(self) -> BmcHealth:
+        """This BMC's health; "unreachable" while its address's breaker is open."""
+        if self.endpoint is not None and self.endpoint.state is BreakerState.OPEN:
+            return self.endpoint.health
+        return self.breaker.health
+
+    @property
+    def trusted(self) -> bool:
+        """Answered before, with neither breaker counting a failure since."""
+        return (
+            self._answered
+            and self.breaker.trusted
+            and (self.endpoint is None or self.endpoint.trusted)
+        )
+
+    @property
     def in_flight(self) -> int:
         """Blocking calls to this BMC not yet returned (stuck ones included)."""
         return len(self._slots)
@@ -310,7 +369,15 @@ class BmcGuard:
         deadline = self.within_caller(deadline)
         retry = 0
         while True:
-            self.breaker.before_call()
+            if self.endpoint is not None:
+                self.endpoint.before_call()
+                try:
+                    self.breaker.before_call()
+                except BmcBreakerOpen:
+                    self.endpoint.release_probe()  # this call will not be its probe
+                    raise
+            else:
+                self.breaker.before_call()
             timeout = self.call_timeout
             if deadline is not None:
                 timeout = max(0.01, min(timeout, deadline - self.clock.monotonic()))
@@ -328,13 +395,13 @@ class BmcGuard:
                 error.__cause__ = e
             else:
                 self._answered = True
-                self.breaker.record_success()
+                self._record(success=True, error=None)
                 return result
             if counts_against_breaker(error):
-                self.breaker.record_failure(error)
+                self._record(success=False, error=error)
             elif not isinstance(error, BmcBusy | BmcPoolClosed):
                 self._answered = True
-                self.breaker.record_success()  # the BMC answered, even if "no"
+                self._record(success=True, error=None)  # the BMC answered, even if "no"
             retry += 1
             if not is_transient(error) or retry >= self.retry.attempts:
                 raise error
@@ -352,6 +419,19 @@ class BmcGuard:
                 pause,
             )
             await self.clock.sleep(pause)
+
+    def _record(self, *, success: bool, error: BaseException | None) -> None:
+        """Feed one outcome to this BMC's breaker and its address's."""
+        if success or error is None:
+            self.breaker.record_success()
+        else:
+            self.breaker.record_failure(error)
+        if self.endpoint is None:
+            return
+        if error is not None and says_endpoint_down(error):
+            self.endpoint.record_failure(error)
+        else:
+            self.endpoint.record_success()  # something at the address answered
 
     def within_caller(self, deadline: float | None) -> float | None:
         """``deadline`` (clock.monotonic() value), brought forward to the
@@ -414,7 +494,7 @@ class BmcGuard:
 
         submit_call = getattr(self._executor, "submit_call", None)
         if submit_call is not None:
-            trusted = self._answered and self.breaker.trusted
+            trusted = self.trusted
             future: Future[T] = submit_call(run, trusted=trusted)
             return future
         return self._executor.submit(run)
