@@ -458,7 +458,7 @@ class BmcGuard:
         def returned(_: Future[T]) -> None:
             # Runs in the worker thread (or here, when cancelled while queued).
             try:
-                loop.call_soon_threadsafe(self._free, slot)
+                loop.call_soon_threadsafe(self._returned, slot, time.monotonic())
             except RuntimeError:  # the event loop is closed: nobody is waiting
                 pass
 
@@ -534,6 +534,14 @@ class BmcGuard:
 
     def _all_stuck(self, now: float) -> bool:
         return all(s.stuck(now, self.call_timeout) for s in self._slots)
+
+    def _returned(self, slot: _Slot, finished_at: float) -> None:
+        """On the loop: a call's thread returned at ``finished_at``; how late
+        the loop took that up tells the pool how many threads it may run."""
+        observe = getattr(self._executor, "observe_lateness", None)
+        if observe is not None and slot.started:
+            observe(time.monotonic() - finished_at)
+        self._free(slot)
 
     def _free(self, slot: _Slot) -> None:
         self._slots.discard(slot)

@@ -14,6 +14,10 @@ Trusted calls are served first and may use every thread; untrusted calls may
 hold at most ``untrusted_limit`` threads at once. So however many dead BMCs
 there are, answering BMCs always find a free thread.
 
+How many of the threads may run at once follows how late finished calls'
+results reach the event loop (``loop_share``): threads that burn the
+interpreter are held back so that the loop stays on time.
+
 A call cancelled before a thread picks it up (its caller's deadline passed)
 is dropped, never run late. At shutdown queued calls are cancelled and the
 callers of running ones get ``WorkerPoolClosed`` at once; the threads finish
@@ -27,10 +31,13 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from controller.bmc.loop_share import LoopShare
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,13 +51,15 @@ class WorkerPoolClosed(RuntimeError):
 
 @dataclass(frozen=True)
 class WorkerStats:
-    """A snapshot: threads started, calls running, calls queued per lane."""
+    """A snapshot: threads started, calls running, calls queued per lane,
+    and how many may run at once now (``loop_share``)."""
 
     threads: int
     running: int
     untrusted_running: int
     queued_trusted: int
     queued_untrusted: int
+    limit: int
 
 
 class WorkerPool(Executor):
@@ -70,7 +79,9 @@ class WorkerPool(Executor):
             raise ValueError("untrusted_share must be in (0, 1]")
         self.name = name
         self.max_workers = max_workers
+        self.untrusted_share = untrusted_share
         self.untrusted_limit = max(1, int(max_workers * untrusted_share))
+        self.share = LoopShare(max_workers, name=name)
         self._cv = threading.Condition()
         self._trusted: collections.deque[_Item] = collections.deque()
         self._untrusted: collections.deque[_Item] = collections.deque()
@@ -120,7 +131,7 @@ class WorkerPool(Executor):
                 raise WorkerPoolClosed(f"the {self.name} BMC worker pool is shut down")
             (self._trusted if trusted else self._untrusted).append((future, fn))
             queued = len(self._trusted) + len(self._untrusted)
-            if queued > self._idle and len(self._threads) < self.max_workers:
+            if queued > self._idle and len(self._threads) < self.share.limit:
                 self._spawn()
             self._cv.notify()
         return future
@@ -133,7 +144,19 @@ class WorkerPool(Executor):
                 untrusted_running=self._untrusted_running,
                 queued_trusted=len(self._trusted),
                 queued_untrusted=len(self._untrusted),
+                limit=self.share.limit,
             )
+
+    def observe_lateness(self, seconds: float, *, now: float | None = None) -> None:
+        """A finished call's result reached the event loop ``seconds`` after
+        its thread set it (called on the loop's thread; ``now``: monotonic)."""
+        with self._cv:
+            if self.share.observe(seconds, now):
+                # A raised limit lets queued calls run: threads for them.
+                queued = len(self._trusted) + len(self._untrusted)
+                for _ in range(min(queued - self._idle, self.share.limit - len(self._threads))):
+                    self._spawn()
+                self._cv.notify_all()
 
     @property
     def closed(self) -> bool:
@@ -151,9 +174,13 @@ class WorkerPool(Executor):
 
     def _next(self) -> tuple[_Item, bool] | None:
         """The next call this thread may run (caller holds the condition)."""
+        limit = self.share.limit
+        if self._running >= limit:
+            return None
         if self._trusted:
             return self._trusted.popleft(), False
-        if self._untrusted and self._untrusted_running < self.untrusted_limit:
+        untrusted_limit = min(self.untrusted_limit, max(1, int(limit * self.untrusted_share)))
+        if self._untrusted and self._untrusted_running < untrusted_limit:
             self._untrusted_running += 1
             return self._untrusted.popleft(), True
         return None
@@ -173,12 +200,14 @@ class WorkerPool(Executor):
                     self._idle -= 1
                 self._running += 1
             (future, fn), untrusted = picked
+            run, cpu = False, 0.0
             try:
                 with self._cv:  # atomic with shutdown's look at what is running
                     run = future.set_running_or_notify_cancel()
                     if run:
                         self._in_progress.add(future)
                 if run:
+                    cpu = time.thread_time()
                     try:
                         result = fn()
                     except BaseException as e:
@@ -189,9 +218,12 @@ class WorkerPool(Executor):
                             future.set_result(result)
             finally:
                 with self._cv:
+                    if run:
+                        self.share.spent(time.thread_time() - cpu)
                     self._in_progress.discard(future)
                     self._running -= 1
                     if untrusted:
                         self._untrusted_running -= 1
-                        self._cv.notify()  # an untrusted call may be waiting for this slot
+                    if untrusted or self._running + 1 >= self.share.limit:
+                        self._cv.notify()  # a call may be waiting for this slot
                 del future, fn, picked  # drop references before waiting again

@@ -83,3 +83,75 @@ def test_threads_start_only_as_calls_need_them() -> None:
         pool.submit(lambda: None).result(timeout=2)
     assert pool.stats().threads == 1
     pool.shutdown()
+
+
+class LateLoop:
+    """Finished calls whose results the loop takes up late, window by window
+    (a clock of its own: the pool judges each window when it is over)."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        self.now = 1000.0
+
+    def windows(self, seconds: float, count: int, *, cores: float = 1.0) -> None:
+        """``count`` windows of five results, each taken up ``seconds`` late,
+        while the pool's threads used ``cores`` of CPU."""
+        window = self.pool.share.window
+        for _ in range(count):
+            for _ in range(5):
+                self.pool.observe_lateness(seconds, now=self.now)
+            self.pool.share.spent(cores * window)
+            self.now += window
+        self.pool.observe_lateness(seconds, now=self.now)  # judges the last window
+
+
+@pytest.mark.timeout(10)
+def test_a_late_loop_holds_threads_back_and_an_on_time_one_gives_them_back() -> None:
+    pool = WorkerPool("t", 32, untrusted_share=0.5)
+    loop = LateLoop(pool)
+    loop.windows(0.1, 2, cores=0.1)  # late, but the threads barely ran: not their doing
+    assert pool.stats().limit == 32
+    loop.windows(0.03, 1)  # 30 ms late while the threads held a core: halved
+    assert pool.stats().limit == 16
+    loop.windows(0.1, 1)  # 100 ms late: cut by five
+    assert pool.stats().limit == 3
+    loop.windows(0.5, 3)
+    assert pool.stats().limit == 2  # never below the floor
+    loop.windows(0.01, 3)  # between the thresholds: kept
+    assert pool.stats().limit == 2
+    loop.windows(0.001, 6)  # on time again: +1 a window at this size
+    assert pool.stats().limit == 8
+    release = threading.Event()
+    calls = [pool.submit_call(lambda: release.wait(10), trusted=True) for _ in range(12)]
+    untrusted = [pool.submit_call(lambda: release.wait(10), trusted=False) for _ in range(4)]
+    time.sleep(0.3)
+    stats = pool.stats()
+    assert stats.running == 8  # 16 asked, 8 may run
+    assert stats.queued_trusted + stats.queued_untrusted == 8
+    loop.windows(0.001, 1)  # the loop keeps up again: the limit grows
+    time.sleep(0.3)
+    assert pool.stats().limit == 9
+    assert pool.stats().running == 9  # a waiting call was woken for the new slot
+    loop.windows(0.001, 30)
+    assert pool.stats().limit == 32  # back to every thread, not beyond
+    time.sleep(0.3)
+    assert pool.stats().running == 16
+    release.set()
+    assert all(f.result(timeout=5) for f in calls + untrusted)
+    pool.shutdown()
+
+
+@pytest.mark.timeout(10)
+def test_a_late_loop_keeps_the_untrusted_lane_to_its_share_of_the_limit() -> None:
+    pool = WorkerPool("t", 32, untrusted_share=0.5)
+    loop = LateLoop(pool)
+    loop.windows(0.1, 2)
+    loop.windows(0.001, 6)  # 8 threads may run; unanswering BMCs get 4
+    release = threading.Event()
+    stuck = [pool.submit_call(lambda: release.wait(10), trusted=False) for _ in range(8)]
+    time.sleep(0.3)
+    assert pool.stats().untrusted_running == 4
+    assert pool.submit_call(lambda: "fast", trusted=True).result(timeout=2) == "fast"
+    release.set()
+    assert all(f.result(timeout=5) for f in stuck)
+    pool.shutdown()
