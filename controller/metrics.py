@@ -8,8 +8,9 @@ state: several controllers may run in one process):
   policy actions, health reports, power-sync passes, BMC calls;
 - what is true now, read when Prometheus scrapes (``FleetGauges.refresh``):
   nodes by state and rack, agents connected, open allocations by state and
-  queue and how long the oldest has waited, BMC breakers by state, the
-  events outbox, the interval agents are told to report at.
+  queue and how long the oldest has waited, BMC breakers by state, the BMC
+  worker threads allowed to run per protocol, the events outbox, the
+  interval agents are told to report at.
 
 The names and what each means are in ``docs/monitoring/README.md``.
 """
@@ -114,11 +115,13 @@ class FleetGauges:
         fleet: Fleet,
         *,
         breakers: Callable[[], Mapping[str, int]] | None = None,
+        bmc_threads: Callable[[], Mapping[str, int]] | None = None,
         outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._fleet = fleet
         self._breakers = breakers
+        self._bmc_threads = bmc_threads
         self._outbox = outbox
         self._clock = clock
         self.nodes = Gauge(
@@ -141,6 +144,13 @@ class FleetGauges:
         )
         self.breaker_states = Gauge(
             "kiln_bmc_breakers", "BMC circuit breakers by state.", ("state",), registry=registry
+        )
+        self.bmc_threads = Gauge(
+            "kiln_bmc_threads_allowed",
+            "BMC worker threads that may run at once, per protocol (fewer while their "
+            "results reach a late event loop).",
+            ("protocol",),
+            registry=registry,
         )
         self.outbox_pending = Gauge(
             "kiln_events_outbox_pending",
@@ -210,6 +220,9 @@ class FleetGauges:
         if self._breakers is not None:
             for state, count in self._breakers().items():
                 self.breaker_states.labels(state).set(count)
+        if self._bmc_threads is not None:
+            for protocol, allowed in self._bmc_threads().items():
+                self.bmc_threads.labels(protocol).set(allowed)
         if self._outbox is not None:
             pending, oldest_at = await self._outbox()
             self.outbox_pending.set(pending)
@@ -233,9 +246,12 @@ class ControllerMetrics:
         fleet: Fleet,
         *,
         breakers: Callable[[], Mapping[str, int]] | None = None,
+        bmc_threads: Callable[[], Mapping[str, int]] | None = None,
         outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
     ) -> None:
-        self.gauges = FleetGauges(self.registry, fleet, breakers=breakers, outbox=outbox)
+        self.gauges = FleetGauges(
+            self.registry, fleet, breakers=breakers, bmc_threads=bmc_threads, outbox=outbox
+        )
 
     async def exposition(self) -> bytes:
         """The text format Prometheus scrapes, gauges refreshed first."""

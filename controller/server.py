@@ -532,6 +532,7 @@ class ControllerServer:
         self.metrics.watch(
             self.fleet,
             breakers=self._bmc.breaker_states if isinstance(self._bmc, PoolGateway) else None,
+            bmc_threads=self._bmc.threads_allowed if isinstance(self._bmc, PoolGateway) else None,
             outbox=StoreOutbox(self.store).backlog if self.publisher is not None else None,
         )
         self.http = HttpServer(self.metrics, Dashboard(self.fleet, auth=self.auth_enabled))

@@ -67,6 +67,10 @@ class PoolGateway:
         """BMC endpoints' breakers by state (for metrics)."""
         return self._pool.breaker_states()
 
+    def threads_allowed(self) -> dict[str, int]:
+        """Per protocol: worker threads that may run at once now (for metrics)."""
+        return {protocol: s.limit for protocol, s in self._pool.worker_stats().items()}
+
     def canonical_url(self, url: str) -> str:
         """Validate a BMC URL and return its canonical form (no I/O).
 

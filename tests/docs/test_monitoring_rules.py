@@ -37,6 +37,7 @@ CONTROLLER_METRICS = CONTROLLER_HISTOGRAMS | {
     "kiln_allocation_oldest_pending_seconds",
     "kiln_bmc_call_failures_total",
     "kiln_bmc_breakers",
+    "kiln_bmc_threads_allowed",
     "kiln_power_sync_rows_written",
     "kiln_policy_actions_total",
     "kiln_events_outbox_pending",
