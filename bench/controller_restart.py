@@ -31,8 +31,12 @@ registrations/s, time to Registered p50/p99, failed attempts, the
 controller's CPU (``/proc/PID/stat``) as cores and per registration, its RSS
 over the storm, and ``GetNode`` latency for an already-registered node
 (sequential calls, 10 s deadline) before and during the storm. Afterwards:
-the fleet paged again (now with every agent connected), and SIGTERM with
-every stream open (killed after 30 s).
+the fleet paged again (now with every agent connected); the controller's
+CPU with the fleet quiet (``--idle-seconds``, 30, from ``--idle-settle``,
+20 s, after the storm: every stream open, nothing sent, nothing asked; the
+issue's "idle fleet of 25,000 ready nodes", its health reports aside,
+which ``fleet_scale.py`` measures); and SIGTERM with every stream open
+(killed after 30 s).
 
 A failed attempt that reads ``INTERNAL: Internal error from Core`` is a
 stream the server ended before the client's first message went out; gRPC's
@@ -54,8 +58,8 @@ registered again without the controller falling over.
 
 Run time on a 2-core machine shared with other work: building the default
 store 25-112 s (``--reuse DIR`` keeps it for the next run), restart and
-paging ~10 s, the storm of 25,000 agents about 1.5 minutes
-(``--storm-timeout``, 900 s, bounds it), SIGTERM ~15 s: about 5 minutes with
+paging ~10 s, the storm of 25,000 agents about 1.5 minutes, idle 50 s
+(``--storm-timeout``, 900 s, bounds it), SIGTERM ~15 s: about 6 minutes with
 ``--reuse``, the generators' start included. ``--quick`` (2,500 nodes,
 10,000 events, 2,500 agents) about 1.5 minutes.
 
@@ -546,6 +550,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
                 f"  after the storm: all {settled[3]} nodes paged in {settled[1]:.2f}s, "
                 f"{settled[4]} with an agent connected"
             )
+            idle = await idle_phase(args, ctl, sum(s.state == "ready" for s in shape))
         t0 = time.monotonic()
         code = ctl.stop(timeout=30)
         stop_s = time.monotonic() - t0
@@ -566,6 +571,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
             f"refused and retried){'' if ok else ' NOT ALL'}; controller "
             f"{storm.cores:.2f} cores, peak RSS {storm.hwm:.0f} MiB; GetNode p99 "
             f"{pct(base, 0.99) * 1e3:.0f} -> {storm.get_p99 * 1e3:.0f} ms during the storm; "
+            f"idle {idle * 100:.1f} % of a core ({'MET' if idle < 0.05 else 'MISSED'} 5 %); "
             f"SIGTERM exit {code} after {stop_s:.1f}s"
         )
     finally:
@@ -672,6 +678,23 @@ async def storm_phase(
     )
 
 
+async def idle_phase(args: argparse.Namespace, ctl: Controller, ready: int) -> float:
+    """The controller's CPU with the fleet quiet: every stream open, nothing
+    sent, nothing asked (after ``--idle-settle`` seconds for the storm's
+    aftermath). Returns cores."""
+    await asyncio.sleep(args.idle_settle)
+    c0, t0 = cpu(ctl.pid), time.monotonic()
+    await asyncio.sleep(args.idle_seconds)
+    cores = (cpu(ctl.pid) - c0) / (time.monotonic() - t0)
+    print(
+        f"  idle: {args.nodes} nodes ({ready} ready), every agent stream open and quiet, "
+        f"nothing asked: {cores * 100:.1f} % of a core over {args.idle_seconds:.0f}s, "
+        f"{args.idle_settle:.0f}s after the storm (target < 5 %: "
+        f"{'MET' if cores < 0.05 else 'MISSED'})"
+    )
+    return cores
+
+
 def storm_size(gens: list[Generator]) -> int:
     return sum(int(g.result.get("agents", 0)) for g in gens)
 
@@ -694,6 +717,8 @@ def main() -> int:
     parser.add_argument("--generators", type=int, default=4, help="agent generator processes")
     parser.add_argument("--channels", type=int, default=4, help="grpc.aio channels each")
     parser.add_argument("--storm-timeout", type=float, default=900.0)
+    parser.add_argument("--idle-settle", type=float, default=20.0, help="s after the storm")
+    parser.add_argument("--idle-seconds", type=float, default=30.0, help="s of idle measured")
     parser.add_argument("--reuse", type=Path, help="keep the built store here and reuse it")
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it")
     parser.add_argument("--generate", nargs=2, help=argparse.SUPPRESS)

@@ -85,8 +85,7 @@ async def test_after_the_cool_down_one_probe_goes_out_for_the_whole_address(
             breaker_cooldown=0.5,
         ) as pool:
             bmcs = [
-                pool.get(f"n{n}", parse_bmc_url(system(proxy, n)), credentials)
-                for n in range(4)
+                pool.get(f"n{n}", parse_bmc_url(system(proxy, n)), credentials) for n in range(4)
             ]
             for bmc in bmcs[:2]:
                 with pytest.raises(BmcUnreachable):
