@@ -13,7 +13,7 @@ import asyncio
 import pytest
 from bmc_peers import make_pool
 
-from controller.bmc import BmcCredentials, PowerState, RetryPolicy, parse_bmc_url
+from controller.bmc import Bmc, BmcCredentials, BmcPool, PowerState, RetryPolicy, parse_bmc_url
 from controller.bmc.errors import BmcBreakerOpen, BmcServerError
 from controller.core.errors import BmcUnreachable
 from controller.sim.fault_proxy import FaultProxy
@@ -26,20 +26,35 @@ def system(proxy: FaultProxy, n: int) -> str:
     return f"redfish+http://127.0.0.1:{proxy.port}/redfish/v1/Systems/node-{n:05d}"
 
 
+def systems(pool: BmcPool, proxy: FaultProxy, credentials: BmcCredentials, count: int) -> list[Bmc]:
+    """Handles for the emulator's first ``count`` systems, all behind ``proxy``."""
+    return [pool.get(f"n{n}", parse_bmc_url(system(proxy, n)), credentials) for n in range(count)]
+
+
+def one_try_pool(cooldown: float = 30.0) -> BmcPool:
+    """No retries, and a breaker that opens on the second failure in a row."""
+    return make_pool(
+        call_timeout=2.0,
+        retry=RetryPolicy(attempts=1),
+        breaker_threshold=2,
+        breaker_cooldown=cooldown,
+    )
+
+
+async def fail_twice(bmcs: list[Bmc]) -> None:
+    """The first two systems fail once each: their address twice in a row."""
+    for bmc in bmcs[:2]:
+        with pytest.raises(BmcUnreachable):
+            await bmc.power.state()
+
+
 async def test_a_dead_address_fails_every_system_behind_it_fast(
     emulator: RedfishEmulator, credentials: BmcCredentials
 ) -> None:
     async with FaultProxy(("127.0.0.1", emulator.port), drop_ratio=1.0) as proxy:
-        async with make_pool(
-            call_timeout=2.0, retry=RetryPolicy(attempts=1), breaker_threshold=2
-        ) as pool:
-            bmcs = [
-                pool.get(f"n{n}", parse_bmc_url(system(proxy, n)), credentials) for n in range(3)
-            ]
-            # Two systems fail once each: the address has failed twice in a row.
-            for bmc in bmcs[:2]:
-                with pytest.raises(BmcUnreachable):
-                    await bmc.power.state()
+        async with one_try_pool() as pool:
+            bmcs = systems(pool, proxy, credentials, 3)
+            await fail_twice(bmcs)
             assert bmcs[0].health.state == "unreachable"  # its address is
             seen = proxy.requests
             # The third system was never asked, yet it is refused without traffic.
@@ -54,12 +69,8 @@ async def test_bad_answers_from_one_system_do_not_close_its_address(
     emulator: RedfishEmulator, credentials: BmcCredentials
 ) -> None:
     async with FaultProxy(("127.0.0.1", emulator.port), error_ratio=1.0) as proxy:
-        async with make_pool(
-            call_timeout=2.0, retry=RetryPolicy(attempts=1), breaker_threshold=2
-        ) as pool:
-            first, second = (
-                pool.get(f"n{n}", parse_bmc_url(system(proxy, n)), credentials) for n in range(2)
-            )
+        async with one_try_pool() as pool:
+            first, second = systems(pool, proxy, credentials, 2)
             for _ in range(2):
                 with pytest.raises(BmcServerError):
                     await first.power.state()
@@ -78,18 +89,9 @@ async def test_after_the_cool_down_one_probe_goes_out_for_the_whole_address(
     emulator: RedfishEmulator, credentials: BmcCredentials
 ) -> None:
     async with FaultProxy(("127.0.0.1", emulator.port), drop_ratio=1.0) as proxy:
-        async with make_pool(
-            call_timeout=2.0,
-            retry=RetryPolicy(attempts=1),
-            breaker_threshold=2,
-            breaker_cooldown=0.5,
-        ) as pool:
-            bmcs = [
-                pool.get(f"n{n}", parse_bmc_url(system(proxy, n)), credentials) for n in range(4)
-            ]
-            for bmc in bmcs[:2]:
-                with pytest.raises(BmcUnreachable):
-                    await bmc.power.state()
+        async with one_try_pool(cooldown=0.5) as pool:
+            bmcs = systems(pool, proxy, credentials, 4)
+            await fail_twice(bmcs)
             await asyncio.sleep(0.6)
             seen = proxy.requests
             outcomes = await asyncio.gather(
