@@ -62,6 +62,9 @@ class PoolGateway:
         self._power_timeout = power_timeout
         self._power_resend_after = power_resend_after
         self._handles: dict[str, Bmc] = {}
+        # The target each node's handle was made for: the same target again
+        # (every pass of every loop) is answered without parsing its URL.
+        self._made_for: dict[str, BmcTarget] = {}
 
     def breaker_states(self) -> dict[str, int]:
         """BMC endpoints' breakers by state (for metrics)."""
@@ -92,6 +95,8 @@ class PoolGateway:
         return address.url
 
     def _bmc(self, target: BmcTarget) -> Bmc:
+        if self._made_for.get(target.node) == target:
+            return self._handles[target.node]
         tls = TlsOptions(verify=not target.insecure, ca_bundle=target.ca_bundle or None)
         handle = self._pool.get(
             target.node,
@@ -100,6 +105,7 @@ class PoolGateway:
             tls,
         )
         self._handles[target.node] = handle
+        self._made_for[target.node] = target
         return handle
 
     async def power_state(self, target: BmcTarget) -> str:
@@ -202,6 +208,7 @@ class PoolGateway:
 
     def forget(self, node: str) -> None:
         self._handles.pop(node, None)
+        self._made_for.pop(node, None)
 
     async def close(self) -> None:
         """Close the pool: returns within a few seconds whatever the BMCs do."""

@@ -3,10 +3,12 @@ power sync makes each interval, against a Redfish emulator and ipmi_sim."""
 
 from __future__ import annotations
 
+import pytest
 from bmc_peers import PASSWORD, USER, ipmitool, make_pool
 
 from controller.bmc import BmcCredentials, PowerAction, PowerState, RetryPolicy, parse_bmc_url
 from controller.bmc.gateway import PoolGateway
+from controller.core.errors import BmcAuthenticationFailed
 from controller.core.model import BmcTarget
 from controller.sim.ipmi_sim import IpmiSim
 from controller.sim.redfish_emulator import RedfishEmulator, make_systems
@@ -55,3 +57,22 @@ async def test_poll_power_reads_every_bmc_and_sees_changes_outside_kiln(
                 assert (await gateway.poll_power(targets[3:4], 1))["ipmi-node"] == ("on", "ok")
             finally:
                 await gateway.close()
+
+
+async def test_a_changed_password_reaches_the_bmc_with_the_new_one() -> None:
+    """The gateway keeps each node's handle while its target stays the same;
+    a rotated password (or a new URL) is a new target, and the old handle is
+    not used for it."""
+    async with RedfishEmulator(make_systems(1), username=USER, password=PASSWORD) as emu:
+        gateway = PoolGateway(make_pool(retry=RetryPolicy(attempts=1)))
+        try:
+            url = emu.system_url("node-00000")
+            wrong = BmcTarget("node-00000", url, USER, "not-the-password")
+            right = BmcTarget("node-00000", url, USER, PASSWORD)
+            assert await gateway.power_state(right) == "off"
+            assert await gateway.power_state(right) == "off"  # the same handle again
+            with pytest.raises(BmcAuthenticationFailed):  # not the old password's handle
+                await gateway.power_state(wrong)
+            assert await gateway.power_state(right) == "off"
+        finally:
+            await gateway.close()
