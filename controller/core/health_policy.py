@@ -31,9 +31,10 @@ from controller.core.gpu_resets import GpuResets
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.kinds import EventKind
 from controller.core.meter import Meter, NullMeter
-from controller.core.model import EventInfo
+from controller.core.model import BmcTarget, EventInfo
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
+from controller.core.records import NodeRecord
 from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
@@ -47,6 +48,10 @@ from controller.policies import (
 )
 
 log = logging.getLogger(__name__)
+
+# Silent nodes' BMCs read at once; the reads run on the BMC worker pool, whose
+# own limit keeps the event loop on time (controller/bmc/loop_share.py).
+DEFAULT_BMC_SAMPLE_CONCURRENCY = 64
 
 # A node under test runs its GPUs hardest: the thermal rules must watch it too.
 WATCHED = (
@@ -147,7 +152,7 @@ class PolicyRunner:
     ``tick_interval`` (how often delayed actions, waiting GPU resets and
     silent nodes are looked at), ``silent_after`` (seconds without an agent
     report before a powered-on node is sampled through its BMC),
-    ``bmc_sample_interval`` and ``cycle_quiet_s`` (a node the policies
+    ``bmc_sample_interval``, ``bmc_sample_concurrency`` and ``cycle_quiet_s`` (a node the policies
     power-cycled is not cycled again for that long: XID 79 and the recovery
     action node_reboot both ask for the same reboot) are plain attributes and
     may be changed while it runs; so are ``resets``' own.
@@ -177,8 +182,12 @@ class PolicyRunner:
         self._on_node_failed = on_node_failed
         self.tick_interval = tick_interval
         self._last_silent_scan = float("-inf")
+        self._started_at = float("-inf")  # when ``run`` started
+        self._sampling: asyncio.Task[None] | None = None  # the silent nodes' BMC reads
+        self._unreadable: dict[str, str] = {}  # node -> the last BMC thermal error
         self.silent_after = silent_after
         self.bmc_sample_interval = bmc_sample_interval
+        self.bmc_sample_concurrency = DEFAULT_BMC_SAMPLE_CONCURRENCY
         self._clock = clock
         self._last_bmc_sample: dict[str, float] = {}
         self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -234,6 +243,7 @@ class PolicyRunner:
         self._dispatch(self.engine.observe(sample))
 
     async def run(self) -> None:
+        self._started_at = self._clock()
         while True:
             try:
                 await self.restore()
@@ -246,37 +256,65 @@ class PolicyRunner:
 
     async def _sample_silent_nodes(self) -> None:
         """BMC thermal samples for powered-on nodes whose agents went silent.
+
         The fleet is read a few times per ``silent_after``, not every tick:
-        at fleet size a read of every node each second is most of a core."""
+        at fleet size a read of every node each second is most of a core.
+        A controller just started gives agents ``silent_after`` to come back
+        before it counts them silent (after a restart every agent is
+        reconnecting, and the stored last reports are as old as the
+        downtime). The due nodes' BMCs are read in the background,
+        ``bmc_sample_concurrency`` at once; a scan starts only once the last
+        one has finished."""
         now = self._clock()
         if now - self._last_silent_scan < self.silent_after / 3:
             return
+        if self._sampling is not None and not self._sampling.done():
+            return
         self._last_silent_scan = now
-        for row in await self._nodes.records_in(WATCHED):
-            if (
-                row.state not in WATCHED
-                or row.power != PowerState.ON
-                or self._agents.is_connected(row.name)
-                or now - self._nodes.last_seen(row) < self.silent_after
-                or now - self._last_bmc_sample.get(row.name, 0.0) < self.bmc_sample_interval
-            ):
-                continue
+        due = [
+            row
+            for row in await self._nodes.records_in(WATCHED)
+            if row.state in WATCHED
+            and row.power == PowerState.ON
+            and not self._agents.is_connected(row.name)
+            and now - max(self._nodes.last_seen(row), self._started_at) >= self.silent_after
+            and now - self._last_bmc_sample.get(row.name, 0.0) >= self.bmc_sample_interval
+        ]
+        if not due:
+            return
+        for row in due:
             self._last_bmc_sample[row.name] = now
+        targets = await self._nodes.targets(due)  # one store read for the scan
+        self._sampling = self._workers.spawn(
+            self._sample_bmcs(list(zip(due, targets, strict=True)), now)
+        )
+
+    async def _sample_bmcs(self, due: list[tuple[NodeRecord, BmcTarget]], now: float) -> None:
+        gate = asyncio.Semaphore(max(1, self.bmc_sample_concurrency))
+
+        async def sample(row: NodeRecord, target: BmcTarget) -> None:
             try:
-                temps = await self._bmc.thermal_c(await self._nodes.target(row))
+                async with gate:
+                    temps = await self._bmc.thermal_c(target)
             except KilnError as e:
-                log.info("node %s: agent silent and BMC thermal unreadable: %s", row.name, e)
-                continue
+                if self._unreadable.get(row.name) != str(e):  # once per new error, not per scan
+                    log.info("node %s: agent silent and BMC thermal unreadable: %s", row.name, e)
+                self._unreadable[row.name] = str(e)
+                return
+            self._unreadable.pop(row.name, None)
             sample = HealthSample(
                 node=row.name, rack=row.rack, at=now, source="bmc", bmc_temps_c=tuple(temps)
             )
             self._dispatch(self.engine.observe(sample))
+
+        await asyncio.gather(*(sample(row, target) for row, target in due))
 
     def forget(self, node: str) -> None:
         """Forget ``node``'s health history (back from repair, or removed)."""
         self.engine.forget(node)
         self.resets.forget(node)
         self._last_bmc_sample.pop(node, None)
+        self._unreadable.pop(node, None)
         self._cycled.pop(node, None)
 
     def _dispatch(self, actions: list[Action]) -> None:
