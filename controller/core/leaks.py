@@ -14,7 +14,9 @@ node's agent: a tray whose agent is silent (or whose OS hung) is watched all
 the same. A BMC that is slow holds up only its own node: a pass does not
 wait for a read still in flight from the last one. A BMC that cannot be read
 is read again after ``interval``, then after twice that, and so on up to 5
-minutes (jittered, ``backoff``); a good read starts it afresh.
+minutes (jittered, ``backoff``); a good read starts it afresh. The BMCs that
+became unreadable are said in one log line a pass, not one line each (a BMC
+network down is 25,000 of them at once).
 
 Each reading is classified (``classify``, the rule in docs/leaks.md):
 
@@ -191,6 +193,7 @@ class LeakWatcher:
         self._rack_lock = asyncio.Lock()
         self._isolated: set[str] = set()  # racks whose isolation was requested
         self._in_flight: set[str] = set()
+        self._newly_unreadable: list[tuple[str, str, float]] = []  # node, error, next read in
         self._reads = BackgroundTasks()
         self.last_pass_seconds = 0.0
 
@@ -229,8 +232,34 @@ class LeakWatcher:
             tasks.append(self._reads.spawn(self._watch(node, targets[node.name], gate)))
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
+        self._say_unreadable()
         await self._check_racks()
         self.last_pass_seconds = time.monotonic() - started
+
+    def _say_unreadable(self) -> None:
+        """One log line for the BMCs that became unreadable since the last one."""
+        found, self._newly_unreadable = self._newly_unreadable, []
+        if not found:
+            return
+        name, error, delay = found[0]
+        if len(found) == 1:
+            log.info(
+                "node %s: leak detectors unreadable: %s (read again in %.0fs, then less "
+                "often while it fails)",
+                name,
+                error,
+                delay,
+            )
+            return
+        others = ", ".join(n for n, _, _ in found[1:11]) + (", ..." if len(found) > 11 else "")
+        log.info(
+            "leak detectors of %d nodes newly unreadable, each read again after a growing "
+            "delay; node %s: %s; also %s",
+            len(found),
+            name,
+            error,
+            others,
+        )
 
     async def settle(self) -> None:
         """Wait for the reads (and what they set off) in flight (tests use this)."""
@@ -321,13 +350,8 @@ class LeakWatcher:
             delay = self.backoff.delay(memory.failures, self._rng)
             memory.retry_at = time.monotonic() + delay
             if not memory.unreadable:
-                log.info(
-                    "node %s: leak detectors unreadable: %s (read again in %.0fs, then "
-                    "less often while it fails)",
-                    name,
-                    e,
-                    delay,
-                )
+                log.debug("node %s: leak detectors unreadable: %s", name, e)
+                self._newly_unreadable.append((name, str(e), delay))
             memory.unreadable = str(e)
             return None
         memory = self._memory(name)

@@ -391,3 +391,40 @@ async def test_a_bmc_that_cannot_be_read_is_read_again_after_growing_delays(
         assert gateway.leak_reads[TRAY] == passes > 20
     finally:
         await fleet.stop()
+
+
+@pytest.mark.timeout(90)
+async def test_bmcs_that_become_unreadable_are_said_in_one_line_a_pass(
+    store: Store, emulator: RedfishEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A BMC network down makes every BMC unreadable at once: one line names
+    how many and the first few, not one line each; a pass that finds no new
+    one says nothing, and a single new one keeps its own line."""
+    fleet = Fleet(store, PoolGateway(make_pool(call_timeout=5.0), power_timeout=20.0))
+    caplog.set_level(logging.INFO, logger="controller.core.leaks")
+    try:
+        await fleet.nodes.loaded()
+        await fleet.enroll(EnrollSpec(TRAY, emulator.system_url(TRAY), USER, PASSWORD, rack="r1"))
+        dead = [f"dead-{i:05d}" for i in range(3)]
+        for name in dead:
+            url = f"redfish+http://127.0.0.1:{free_port()}/redfish/v1/Systems/{name}"
+            await fleet.enroll(EnrollSpec(name, url, USER, PASSWORD, rack="r2"))
+
+        def said() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+
+        await fleet.leaks.run_once()
+        (line,) = said()
+        assert line.startswith("leak detectors of 3 nodes newly unreadable")
+        assert all(name in line for name in dead) and TRAY not in line
+        caplog.clear()
+        await fleet.leaks.run_once()  # still unreadable (and backing off): nothing new
+        assert said() == []
+        late = "dead-00009"
+        url = f"redfish+http://127.0.0.1:{free_port()}/redfish/v1/Systems/{late}"
+        await fleet.enroll(EnrollSpec(late, url, USER, PASSWORD, rack="r2"))
+        await fleet.leaks.run_once()
+        (line,) = said()
+        assert line.startswith(f"node {late}: leak detectors unreadable: ")
+    finally:
+        await fleet.stop()
