@@ -38,6 +38,7 @@ from controller.core.records import NodeRecord
 from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
+from controller.core.unreadable import say_unreadable
 from controller.policies import (
     Action,
     ActionKind,
@@ -184,7 +185,7 @@ class PolicyRunner:
         self._last_silent_scan = float("-inf")
         self._started_at = float("-inf")  # when ``run`` started
         self._sampling: asyncio.Task[None] | None = None  # the silent nodes' BMC reads
-        self._unreadable: dict[str, str] = {}  # node -> the last BMC thermal error
+        self._unreadable: set[str] = set()  # nodes whose last BMC thermal read failed
         self.silent_after = silent_after
         self.bmc_sample_interval = bmc_sample_interval
         self.bmc_sample_concurrency = DEFAULT_BMC_SAMPLE_CONCURRENCY
@@ -291,30 +292,32 @@ class PolicyRunner:
 
     async def _sample_bmcs(self, due: list[tuple[NodeRecord, BmcTarget]], now: float) -> None:
         gate = asyncio.Semaphore(max(1, self.bmc_sample_concurrency))
+        newly: list[tuple[str, str]] = []
 
         async def sample(row: NodeRecord, target: BmcTarget) -> None:
             try:
                 async with gate:
                     temps = await self._bmc.thermal_c(target)
             except KilnError as e:
-                if self._unreadable.get(row.name) != str(e):  # once per new error, not per scan
-                    log.info("node %s: agent silent and BMC thermal unreadable: %s", row.name, e)
-                self._unreadable[row.name] = str(e)
+                if row.name not in self._unreadable:  # said once, not every scan
+                    newly.append((row.name, str(e)))
+                self._unreadable.add(row.name)
                 return
-            self._unreadable.pop(row.name, None)
+            self._unreadable.discard(row.name)
             sample = HealthSample(
                 node=row.name, rack=row.rack, at=now, source="bmc", bmc_temps_c=tuple(temps)
             )
             self._dispatch(self.engine.observe(sample))
 
         await asyncio.gather(*(sample(row, target) for row, target in due))
+        say_unreadable(log, "BMC thermal (agent silent)", newly, "read again while it is silent")
 
     def forget(self, node: str) -> None:
         """Forget ``node``'s health history (back from repair, or removed)."""
         self.engine.forget(node)
         self.resets.forget(node)
         self._last_bmc_sample.pop(node, None)
-        self._unreadable.pop(node, None)
+        self._unreadable.discard(node)
         self._cycled.pop(node, None)
 
     def _dispatch(self, actions: list[Action]) -> None:

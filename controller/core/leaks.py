@@ -80,6 +80,7 @@ from controller.core.records import NodeRecord
 from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
+from controller.core.unreadable import say_unreadable
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class LeakWatcher:
         self._rack_lock = asyncio.Lock()
         self._isolated: set[str] = set()  # racks whose isolation was requested
         self._in_flight: set[str] = set()
-        self._newly_unreadable: list[tuple[str, str, float]] = []  # node, error, next read in
+        self._newly_unreadable: list[tuple[str, str]] = []  # node, error
         self._reads = BackgroundTasks()
         self.last_pass_seconds = 0.0
 
@@ -239,27 +240,7 @@ class LeakWatcher:
     def _say_unreadable(self) -> None:
         """One log line for the BMCs that became unreadable since the last one."""
         found, self._newly_unreadable = self._newly_unreadable, []
-        if not found:
-            return
-        name, error, delay = found[0]
-        if len(found) == 1:
-            log.info(
-                "node %s: leak detectors unreadable: %s (read again in %.0fs, then less "
-                "often while it fails)",
-                name,
-                error,
-                delay,
-            )
-            return
-        others = ", ".join(n for n, _, _ in found[1:11]) + (", ..." if len(found) > 11 else "")
-        log.info(
-            "leak detectors of %d nodes newly unreadable, each read again after a growing "
-            "delay; node %s: %s; also %s",
-            len(found),
-            name,
-            error,
-            others,
-        )
+        say_unreadable(log, "leak detectors", found, "read again after a growing delay")
 
     async def settle(self) -> None:
         """Wait for the reads (and what they set off) in flight (tests use this)."""
@@ -351,7 +332,7 @@ class LeakWatcher:
             memory.retry_at = time.monotonic() + delay
             if not memory.unreadable:
                 log.debug("node %s: leak detectors unreadable: %s", name, e)
-                self._newly_unreadable.append((name, str(e), delay))
+                self._newly_unreadable.append((name, str(e)))
             memory.unreadable = str(e)
             return None
         memory = self._memory(name)

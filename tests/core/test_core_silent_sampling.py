@@ -107,6 +107,8 @@ async def test_an_unreadable_bmc_is_logged_once_not_every_scan(
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
-    unreadable = [r for r in caplog.records if "h1: agent silent and BMC thermal" in r.message]
+    unreadable = [
+        r for r in caplog.records if "h1: BMC thermal (agent silent) unreadable" in r.message
+    ]
     assert len(unreadable) == 1, [r.message for r in unreadable]
     assert bmc.thermal_reads.count("h2") >= 2  # the others kept being read
