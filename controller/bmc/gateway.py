@@ -61,10 +61,10 @@ class PoolGateway:
         self._pool = pool
         self._power_timeout = power_timeout
         self._power_resend_after = power_resend_after
-        self._handles: dict[str, Bmc] = {}
-        # The target each node's handle was made for: the same target again
-        # (every pass of every loop) is answered without parsing its URL.
-        self._made_for: dict[str, BmcTarget] = {}
+        # Each node's handle, with the target it was made for: the same
+        # target again (every pass of every loop) is answered without parsing
+        # its URL.
+        self._handles: dict[str, tuple[BmcTarget, Bmc]] = {}
 
     def breaker_states(self) -> dict[str, int]:
         """BMC endpoints' breakers by state (for metrics)."""
@@ -95,8 +95,9 @@ class PoolGateway:
         return address.url
 
     def _bmc(self, target: BmcTarget) -> Bmc:
-        if self._made_for.get(target.node) == target:
-            return self._handles[target.node]
+        kept = self._handles.get(target.node)
+        if kept is not None and kept[0] == target:
+            return kept[1]
         tls = TlsOptions(verify=not target.insecure, ca_bundle=target.ca_bundle or None)
         handle = self._pool.get(
             target.node,
@@ -104,8 +105,7 @@ class PoolGateway:
             BmcCredentials(target.username, target.password),
             tls,
         )
-        self._handles[target.node] = handle
-        self._made_for[target.node] = target
+        self._handles[target.node] = (target, handle)
         return handle
 
     async def power_state(self, target: BmcTarget) -> str:
@@ -120,8 +120,8 @@ class PoolGateway:
         return STATES.get(state, "unknown")
 
     def health(self, node: str) -> str:
-        handle = self._handles.get(node)
-        return handle.health.state if handle is not None else "unknown"
+        kept = self._handles.get(node)
+        return kept[1].health.state if kept is not None else "unknown"
 
     async def thermal_c(self, target: BmcTarget) -> list[float]:
         readings = await self._bmc(target).sensors.readings()
@@ -208,7 +208,6 @@ class PoolGateway:
 
     def forget(self, node: str) -> None:
         self._handles.pop(node, None)
-        self._made_for.pop(node, None)
 
     async def close(self) -> None:
         """Close the pool: returns within a few seconds whatever the BMCs do."""

@@ -446,10 +446,11 @@ class SqlNodes:
     def gpus_of(self, names: Collection[str]) -> dict[str, list[GpuInfo]]:
         # Plain column tuples, not ORM rows: a page holds thousands of GPUs.
         wanted = sorted(set(names))
+        columns = _gpu_columns()
         by_node: dict[str, list[GpuInfo]] = defaultdict(list)
         for start in range(0, len(wanted), _IN_CHUNK):
             stmt = (
-                select(col(GpuRow.node), *_gpu_columns())
+                select(col(GpuRow.node), *columns)
                 .where(col(GpuRow.node).in_(wanted[start : start + _IN_CHUNK]))
                 .order_by(col(GpuRow.node), col(GpuRow.index))
             )
