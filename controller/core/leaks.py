@@ -157,6 +157,52 @@ class _Watched:
     retry_at: float = 0.0  # monotonic: not read again before (after a failed read)
 
 
+class _Feed:
+    """One pass's nodes, handed to its readers one at a time with their BMC
+    targets, unsealed ``batch`` nodes at a time as the readers need them
+    (``unseal``); ``dropped(node)`` for each node left unread when the store
+    fails."""
+
+    def __init__(
+        self,
+        nodes: list[NodeRecord],
+        batch: int,
+        unseal: Callable[[list[NodeRecord]], Awaitable[dict[str, BmcTarget]]],
+        dropped: Callable[[str], None],
+    ) -> None:
+        self._unseal = unseal
+        self._dropped = dropped
+        self._waiting = nodes[::-1]  # popped from the end: the pass's order
+        self._batch = batch
+        self._ready: list[tuple[NodeRecord, BmcTarget]] = []
+        self._lock = asyncio.Lock()
+
+    async def next(self) -> tuple[NodeRecord, BmcTarget] | None:
+        """The next node to read and its target; None when none is left."""
+        while not self._ready:
+            if not self._waiting:
+                return None
+            async with self._lock:  # one reader unseals the next batch
+                if not self._ready and self._waiting:
+                    await self._unseal_next()
+        return self._ready.pop()
+
+    async def _unseal_next(self) -> None:
+        take = self._waiting[-self._batch :]
+        del self._waiting[-self._batch :]
+        try:
+            targets = await self._unseal(take)
+        except Exception:
+            # The store failed: this pass reads nothing more; the next tries again.
+            left = take + self._waiting
+            self._waiting = []
+            for node in left:
+                self._dropped(node.name)
+            log.exception("leak detector pass: the BMC targets of %d nodes unreadable", len(left))
+            return
+        self._ready = [(node, targets[node.name]) for node in take]
+
+
 class LeakWatcher:
     """Reads every node's leak detectors and acts on them (module docstring).
 
@@ -225,14 +271,18 @@ class LeakWatcher:
             and not self._without_detectors(n.name, started)
             and not self._backing_off(n.name, started)
         ]
-        targets = await self._targets(nodes)
-        gate = asyncio.Semaphore(max(1, self.concurrency))
-        tasks = []
+        # ``concurrency`` readers take the pass's nodes in turn, the targets
+        # unsealed a batch at a time: a first pass over 25,000 nodes is not
+        # 25,000 tasks and one long unseal ahead of everything else.
         for node in nodes:
             self._in_flight.add(node.name)
-            tasks.append(self._reads.spawn(self._watch(node, targets[node.name], gate)))
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
+        feed = _Feed(nodes, max(1, self.concurrency), self._targets, self._in_flight.discard)
+        readers = [
+            self._reads.spawn(self._reader(feed))
+            for _ in range(min(len(nodes), max(1, self.concurrency)))
+        ]
+        if readers:
+            await asyncio.wait(readers, timeout=timeout)
         self._say_unreadable()
         await self._check_racks()
         self.last_pass_seconds = time.monotonic() - started
@@ -296,11 +346,15 @@ class LeakWatcher:
             kept = self._watched[name] = _Watched(states={})
         return kept
 
-    async def _watch(self, node: NodeRecord, target: BmcTarget, gate: asyncio.Semaphore) -> None:
+    async def _reader(self, feed: _Feed) -> None:
+        """Read the feed's nodes one after another until it runs dry."""
+        while (taken := await feed.next()) is not None:
+            await self._watch(*taken)
+
+    async def _watch(self, node: NodeRecord, target: BmcTarget) -> None:
         name = node.name
         try:
-            async with gate:
-                readings = await self._read(node, target)
+            readings = await self._read(node, target)
             if readings is not None:
                 async with self._node_locks[name]:
                     await self._judge(name, node.rack, readings)

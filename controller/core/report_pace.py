@@ -23,6 +23,17 @@ agent is asked to report less often (the interval times ``stretch``, up to
 pace holds for two intervals: an agent takes up a new interval after its
 current wait, so the lag answers a change only an interval later, and one
 overload must not be answered twice.
+
+An interval that overloaded the controller after an easing step is
+remembered (the *ceiling*): easing stops just above it (``margin``) and
+goes no faster for ``recheck`` seconds after the slow-down. (Slow-downs in
+a row, while one overload such as a fleet's bring-up is answered, set
+none: once it is over the agents come back as fast as the budget allows.) Only then does it try the ceiling
+again; when that overloads once more, the next try waits twice as long (up
+to ``recheck_longest``), and when it holds for a window the ceiling is
+forgotten. Without it, a controller offered more than it takes hunted:
+slowed every agent, eased back to the same overload, slowed them again
+(every 30 s at 40,000 nodes: 58,741 ``Pace`` messages in three minutes).
 """
 
 from __future__ import annotations
@@ -55,6 +66,9 @@ class PaceRules:
     stretch: float = 1.5
     ease: float = 1.25
     longest: float = DEFAULT_LONGEST_INTERVAL
+    margin: float = 1.1  # easing stops this far above an interval that overloaded
+    recheck: float = 30.0  # s before an interval that overloaded is tried again
+    recheck_longest: float = 600.0  # s: the most that wait doubles to
 
     def __post_init__(self) -> None:
         if self.tick <= 0 or self.window < self.tick:
@@ -65,6 +79,8 @@ class PaceRules:
             raise ValueError("stretch and ease must be above 1")
         if self.longest < 0:
             raise ValueError("longest must be 0 (off) or more")
+        if self.margin < 1 or not 0 <= self.recheck <= self.recheck_longest:
+            raise ValueError("margin must be at least 1, and recheck between 0 and recheck_longest")
 
 
 class ReportPace:
@@ -82,6 +98,10 @@ class ReportPace:
         self.lag = 0.0  # the loop's median lag (s) over the last window judged
         self.report_delay = 0.0  # the reports' median delay (s) over it
         self._hold_until = float("-inf")
+        self.ceiling = 0.0  # the interval last found to overload (0: none known)
+        self._recheck = rules.recheck  # s before the ceiling is tried again
+        self._retry_at = float("-inf")  # when easing may reach the ceiling
+        self._eased = False  # whether the last change was an easing step
 
     @property
     def late(self) -> float:
@@ -107,24 +127,52 @@ class ReportPace:
         if not rules.longest or now < self._hold_until:
             return None
         before = self.interval()
+        if (
+            self.late < rules.ease_below
+            and self.ceiling
+            and before <= self.ceiling
+            and now >= self._retry_at
+        ):
+            self._forget_ceiling()  # a try at the ceiling held for a window
         if self.late > rules.slow_above:
             after = min(rules.longest, before * rules.stretch)
             if after <= before:
                 return None  # at the longest already
+            self._overloaded(before, now)
             self.stretched = after
         elif self.late < rules.ease_below and self.stretched:
             after = before / rules.ease
+            if self.ceiling and after < self.ceiling * rules.margin and now < self._retry_at:
+                after = self.ceiling * rules.margin  # not the overload again, yet
             budget = self._budget()
             if after <= budget:
                 self.stretched, after = 0.0, budget
+            elif after >= before:
+                return None  # held just above the ceiling until its retry
             else:
                 self.stretched = after
             if after >= before:
                 return None  # the budget alone holds the interval here
+            self._eased = True
         else:
             return None
         self._hold_until = now + max(rules.window, 2 * max(before, after))
         return after
+
+    def _overloaded(self, interval: float, now: float) -> None:
+        """Agents at ``interval`` overloaded the controller: keep them above it
+        for a while, longer each time a try at it overloads again."""
+        eased, self._eased = self._eased, False
+        if not eased and not self.ceiling:
+            return  # slow-downs in a row: one overload still being answered
+        if self.ceiling and interval <= self.ceiling:
+            self._recheck = min(self.rules.recheck_longest, 2 * self._recheck)
+        self.ceiling = max(self.ceiling, interval)
+        self._retry_at = now + self._recheck
+
+    def _forget_ceiling(self) -> None:
+        self.ceiling = 0.0
+        self._recheck = self.rules.recheck
 
 
 class ReportDelays:

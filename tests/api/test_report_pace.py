@@ -27,7 +27,7 @@ from controller.server import ControllerConfig, ControllerServer
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
 
 SAMPLE = 0.5  # --sample-interval
-RULES = PaceRules(tick=0.05, window=0.5, slow_above=0.08, ease_below=0.03, longest=3.0)
+RULES = PaceRules(tick=0.05, window=0.5, slow_above=0.08, ease_below=0.03, longest=3.0, recheck=1.0)
 
 
 async def until(check: Callable[[], bool], within: float, what: str) -> None:

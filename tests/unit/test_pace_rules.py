@@ -3,6 +3,7 @@ reports down and lets them speed up again (``controller/core/report_pace.py``)."
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 
@@ -88,6 +89,9 @@ def test_longest_zero_turns_the_pace_off_but_the_lag_is_still_measured() -> None
         {"stretch": 1.0},
         {"ease": 0.5},
         {"longest": -1},
+        {"margin": 0.9},
+        {"recheck": -1},
+        {"recheck": 700, "recheck_longest": 600},
     ],
 )
 def test_rules_that_cannot_work_are_refused(bad: dict[str, float]) -> None:
@@ -142,3 +146,70 @@ def test_a_window_keeps_a_bounded_sample_of_the_delays() -> None:
     window = delays.take()
     assert len(window) == 100
     assert 0.3 <= statistics.median(window) <= 0.6  # uniform over 0.0-0.9
+
+
+@pytest.mark.timeout(10)
+def test_easing_stops_above_an_interval_that_overloaded_until_its_retry() -> None:
+    rules = PaceRules(stretch=1.5, ease=1.25, margin=1.1, recheck=30.0, longest=60)
+    p, _ = pace(budget=1.0, rules=rules)
+    assert p.judge(BUSY, now=0.0) == 1.5  # 1 s overloads
+    assert p.judge(BUSY, now=10.0) == 2.25  # and 1.5 s: one overload being answered
+    assert p.ceiling == 0.0  # slow-downs in a row set no ceiling
+    assert p.judge(CALM, now=20.0) == 1.8
+    assert p.judge(BUSY, now=30.0) == 2.7  # eased into an overload: 1.8 s is too fast
+    assert p.ceiling == 1.8
+    assert p.judge(CALM, now=40.0) == pytest.approx(2.16)
+    assert p.judge(CALM, now=50.0) == pytest.approx(1.98)  # not 1.728: just above the ceiling
+    assert p.judge(CALM, now=55.0) is None  # held there until 30 s after the slow-down
+    assert p.interval() == pytest.approx(1.98)
+    assert p.judge(CALM, now=60.0) == pytest.approx(1.584)  # the retry
+    assert p.judge(CALM, now=70.0) == pytest.approx(1.2672)  # it held: the ceiling is forgotten
+    assert p.ceiling == 0.0
+    p.judge(CALM, now=80.0)
+    assert p.judge(CALM, now=90.0) == 1.0  # back to the budget
+
+
+def hunt(recheck: float, seconds: float = 600.0) -> tuple[list[float], list[float]]:
+    """A controller that takes agents at 1.2 s and no faster, judged every
+    5 s: (every interval asked for, when each try below 1.2 s came)."""
+    rules = PaceRules(stretch=1.5, ease=1.25, margin=1.1, recheck=recheck, recheck_longest=100.0)
+    p, _ = pace(budget=1.0, rules=rules)
+    now, asked, tries = 0.0, [], []
+    while now < seconds:
+        now += 5.0
+        interval = p.judge(BUSY if p.interval() < 1.2 else CALM, now)
+        if interval is not None:
+            asked.append(interval)
+            if interval < 1.2:
+                tries.append(now)
+    return asked, tries
+
+
+@pytest.mark.timeout(10)
+def test_a_retry_that_overloads_again_waits_twice_as_long_next_time() -> None:
+    asked, tries = hunt(recheck=30.0)
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    # Each try of the too-fast interval comes later than the last, up to
+    # recheck_longest after the slow-down it caused.
+    assert gaps == sorted(gaps) and gaps[0] < gaps[-1]
+    assert 100.0 <= max(gaps) <= 100.0 + 3 * 5.0
+    assert min(asked) >= 1.0
+    # recheck 0 is the pace without a ceiling: it hunts, slowing every
+    # agent down and speeding it up again every 15 s.
+    hunting, _ = hunt(recheck=0.0)
+    assert len(hunting) > 3 * len(asked)
+
+
+@pytest.mark.timeout(10)
+def test_a_load_that_grows_past_the_ceiling_raises_it_without_a_longer_wait() -> None:
+    rules = PaceRules(stretch=1.5, ease=1.25, margin=1.1, recheck=30.0, longest=60)
+    p, _ = pace(budget=1.0, rules=rules)
+    p.judge(BUSY, now=0.0)  # 1.5 s
+    p.judge(CALM, now=5.0)  # 1.2 s
+    assert p.judge(BUSY, now=10.0) == pytest.approx(1.8)  # 1.2 s overloads
+    assert p.judge(BUSY, now=20.0) == pytest.approx(2.7)  # so does 1.8 s: the load grew
+    assert p.ceiling == pytest.approx(1.8)
+    assert p.judge(CALM, now=30.0) == pytest.approx(2.16)
+    assert p.judge(CALM, now=40.0) == pytest.approx(1.98)  # just above 1.8
+    assert p.judge(CALM, now=45.0) is None
+    assert p.judge(CALM, now=50.0) == pytest.approx(1.98 / 1.25)  # tried 30 s after

@@ -1,0 +1,136 @@
+"""One leak watcher pass over many nodes: ``concurrency`` readers take the
+nodes in turn, their BMC targets unsealed a batch at a time, against the
+real sushy-tools emulator (with Kiln's leak detectors) on 127.0.0.1.
+
+A first pass over a fleet once spawned a task per node and unsealed every
+password in one read before any BMC was asked: 25,000 tasks and one long
+unseal ahead of everything else on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+import pytest_asyncio
+from bmc_peers import PASSWORD, USER, make_pool
+
+from controller.bmc.gateway import PoolGateway
+from controller.core.fleet import Fleet
+from controller.core.model import BmcTarget, EnrollSpec, LeakReading
+from controller.core.ports import Store
+from controller.core.records import NodeRecord
+from controller.sim.redfish_emulator import RedfishEmulator, make_systems
+
+NODES = 12
+READERS = 3
+
+
+class CountingGateway(PoolGateway):
+    """The real gateway, counting the leak reads it is asked for, how many
+    run at once, and how many tasks the event loop holds meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__(make_pool(call_timeout=5.0), power_timeout=20.0)
+        self.reads: Counter[str] = Counter()
+        self.running = 0
+        self.most_running = 0
+        self.most_tasks = 0
+
+    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
+        self.reads[target.node] += 1
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        self.most_tasks = max(self.most_tasks, len(asyncio.all_tasks()))
+        try:
+            return await super().leak_detectors(target)
+        finally:
+            self.running -= 1
+
+
+@pytest_asyncio.fixture
+async def wide() -> AsyncIterator[RedfishEmulator]:
+    systems = make_systems(NODES, power_state="On")
+    async with RedfishEmulator(systems, username=USER, password=PASSWORD) as emu:
+        yield emu
+
+
+async def counting_fleet(store: Store, emulator: RedfishEmulator) -> tuple[Fleet, CountingGateway]:
+    gateway = CountingGateway()
+    fleet = Fleet(store, gateway)
+    await fleet.nodes.loaded()
+    for i in range(NODES):
+        name = f"node-{i:05d}"
+        await fleet.enroll(EnrollSpec(name, emulator.system_url(name), USER, PASSWORD, rack="r1"))
+    fleet.leaks.concurrency = READERS
+    return fleet, gateway
+
+
+def spy_on_targets(fleet: Fleet) -> list[int]:
+    """The size of each batch of targets the watcher has unsealed."""
+    batches: list[int] = []
+    unseal = fleet.nodes.targets
+
+    async def targets(nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
+        batches.append(len(nodes))
+        return await unseal(nodes)
+
+    fleet.nodes.targets = targets  # type: ignore[method-assign]
+    return batches
+
+
+@pytest.mark.timeout(90)
+async def test_a_pass_reads_every_node_once_with_a_few_readers_and_batched_targets(
+    store: Store, wide: RedfishEmulator
+) -> None:
+    fleet, gateway = await counting_fleet(store, wide)
+    batches = spy_on_targets(fleet)
+    try:
+        before = len(asyncio.all_tasks())
+        await fleet.leaks.run_once()
+        await fleet.leaks.settle()
+        assert gateway.reads == {f"node-{i:05d}": 1 for i in range(NODES)}
+        assert 2 <= gateway.most_running <= READERS  # side by side, never more
+        # The readers, not a task per node (12 tasks more before).
+        assert gateway.most_tasks - before <= READERS
+        assert batches == [READERS] * (NODES // READERS)
+        # A second pass reads every node again, with the targets kept.
+        await fleet.leaks.run_once()
+        await fleet.leaks.settle()
+        assert set(gateway.reads.values()) == {2}
+        assert batches == [READERS] * (NODES // READERS)
+    finally:
+        await fleet.leaks.stop()
+        await gateway.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_store_that_fails_to_unseal_ends_the_pass_and_the_next_reads_everyone(
+    store: Store, wide: RedfishEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    fleet, gateway = await counting_fleet(store, wide)
+    unseal = fleet.nodes.targets
+    failures = [RuntimeError("the database is gone")]
+
+    async def targets(nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
+        if failures:
+            raise failures.pop()
+        return await unseal(nodes)
+
+    fleet.nodes.targets = targets  # type: ignore[method-assign]
+    caplog.set_level(logging.ERROR, logger="controller.core.leaks")
+    try:
+        await fleet.leaks.run_once()
+        await fleet.leaks.settle()
+        assert not gateway.reads
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert line == f"leak detector pass: the BMC targets of {NODES} nodes unreadable"
+        # Nothing is left marked as being read: the next pass reads them all.
+        await fleet.leaks.run_once()
+        await fleet.leaks.settle()
+        assert gateway.reads == {f"node-{i:05d}": 1 for i in range(NODES)}
+    finally:
+        await fleet.leaks.stop()
+        await gateway.close()
