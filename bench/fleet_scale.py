@@ -22,7 +22,11 @@ What is measured, per fleet size N (``--nodes``), each on a fresh controller:
    controller's ``reset_gpus`` commands ``ok``. ``--compress K`` (default 10)
    runs N/K nodes and agents at R = interval/K: the same offered report rate
    (fleet-size costs such as ListNodes and RSS are then those of N/K nodes).
-3. Over ``--duration`` seconds with every node registered: reports offered
+3. Once every node is ready and the controller no longer slows the agents
+   down (it may while the fleet comes up: enrolment, registration and
+   inspection load it; the wait is at most ``--pace-settle`` seconds, and
+   what it waited for is printed), over ``--duration`` seconds with every
+   node registered: reports offered
    (N/R) and sent (gRPC buffers generously, so a write returning says little);
    reports visible, i.e. processed: sent minus the backlog found at the
    window's end (the generators stop and report each node's last
@@ -420,6 +424,29 @@ class Probes:
         self.unseen += 1
 
 
+async def median_asked(generators: Generators, interval: float) -> float:
+    """The median report interval the controller asks of the agents now."""
+    stats = await generators.ask(30, "stats", False)
+    return statistics.median([i for a in stats for i in a["asked"]] or [interval])
+
+
+async def wait_unpaced(
+    generators: Generators, interval: float, limit: float
+) -> tuple[float, float]:
+    """Wait (at most ``limit`` seconds) until the controller asks the agents
+    for ``interval`` again, after it slowed them while the fleet came up
+    (enrolment, registration, inspection): the window measures the steady
+    state at the offered load, not the bring-up. (seconds waited, the
+    slowest median interval seen)."""
+    started = time.monotonic()
+    slowest = asked = await median_asked(generators, interval)
+    while asked > interval * 1.001 and time.monotonic() - started < limit:
+        await asyncio.sleep(1.0)
+        asked = await median_asked(generators, interval)
+        slowest = max(slowest, asked)
+    return time.monotonic() - started, slowest
+
+
 # --- API phase ------------------------------------------------------------------------------
 async def timed_loop(clients: int, seconds: float, body: Any) -> None:
     stop = time.monotonic() + seconds
@@ -680,6 +707,19 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                     "still at work: its CPU is in the idle figure and the window's)"
                 )
             await asyncio.sleep(min(3.0, interval * 2))  # every stream sending
+            waited, slowest = await wait_unpaced(generators, interval, args.pace_settle)
+            if slowest > interval * 1.001:
+                eased = await median_asked(generators, interval) <= interval * 1.001
+                print(
+                    f"  the controller had slowed its agents (to one report every "
+                    f"{slowest:.2f} s at the median) while the fleet came up; "
+                    + (
+                        f"the window waited {waited:.0f}s for it to ease back to {interval:g} s"
+                        if eased
+                        else f"after {waited:.0f}s (--pace-settle) it had not eased back to "
+                        f"{interval:g} s: the window measures the paced load"
+                    )
+                )
 
             # -- the report window --
             pids = generators.pids
@@ -1015,6 +1055,13 @@ def main() -> int:
         type=float,
         default=15.0,
         help="stop waiting for ready nodes after this long without progress",
+    )
+    parser.add_argument(
+        "--pace-settle",
+        type=float,
+        default=120.0,
+        help="longest wait, once the nodes are ready, for the controller to stop slowing "
+        "the agents down (it may while the fleet comes up) before the report window",
     )
     parser.add_argument("--bmc", choices=["responder", "dead"], default="responder")
     parser.add_argument(
