@@ -843,10 +843,16 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             res.paces = sum(a["paces"] for a in final)
             res.asked = statistics.median([i for a in final for i in a["asked"]] or [interval])
             if res.paces:
+                slowed = max(res.asked, window_asked) > interval * 1.001
                 res.notes.append(
-                    f"the controller paced its agents ({res.paces} Pace messages): at the end "
-                    f"they reported every {res.asked:.2f} s (median; asked {interval:g} s), so "
-                    "less than the offered load was taken in"
+                    f"the controller paced its agents ({res.paces} Pace messages): at the "
+                    f"report window's end they reported every {window_asked:.2f} s, at the "
+                    f"run's end every {res.asked:.2f} s (medians; asked {interval:g} s), "
+                    + (
+                        "so less than the offered load was taken in"
+                        if slowed
+                        else "so the window had the whole offered load"
+                    )
                 )
             res.get_p99 = pct(get_lat, 0.99)
             res.list_p99 = pct(whole_lat, 0.99)
