@@ -12,7 +12,11 @@ driver looks for detectors afresh): in a fleet of such nodes the watcher
 then costs next to nothing between those reads. The reads do not depend on the
 node's agent: a tray whose agent is silent (or whose OS hung) is watched all
 the same. A BMC that is slow holds up only its own node: a pass does not
-wait for a read still in flight from the last one. A BMC that cannot be read
+wait for a read still in flight from the last one. A pass that outlasts the
+interval (a fleet with more BMCs than one controller reads in it) goes on,
+and the next begins once it has handed every node to a reader: no node is
+read twice before every node was read once, and a warning says so, once. A
+BMC that cannot be read
 is read again after ``interval``, then after twice that, and so on up to 5
 minutes (jittered, ``backoff``); a good read starts it afresh. The BMCs that
 became unreadable are said in one log line a pass, not one line each (a BMC
@@ -172,10 +176,17 @@ class _Feed:
     ) -> None:
         self._unseal = unseal
         self._dropped = dropped
+        self.size = len(nodes)
+        self.began = time.monotonic()
         self._waiting = nodes[::-1]  # popped from the end: the pass's order
         self._batch = batch
         self._ready: list[tuple[NodeRecord, BmcTarget]] = []
         self._lock = asyncio.Lock()
+
+    @property
+    def left(self) -> int:
+        """Nodes not yet handed to a reader."""
+        return len(self._waiting) + len(self._ready)
 
     async def next(self) -> tuple[NodeRecord, BmcTarget] | None:
         """The next node to read and its target; None when none is left."""
@@ -242,6 +253,9 @@ class LeakWatcher:
         self._in_flight: set[str] = set()
         self._newly_unreadable: list[tuple[str, str]] = []  # node, error
         self._reads = BackgroundTasks()
+        self._feed: _Feed | None = None  # the latest pass's
+        self._readers: list[asyncio.Task[None]] = []  # its readers
+        self._behind_since: float | None = None  # a pass outlasting the interval began
         self.last_pass_seconds = 0.0
 
     # -- the loop ----------------------------------------------------------------
@@ -261,15 +275,32 @@ class LeakWatcher:
         changed; then isolate racks with enough blocked trays. Waits for this
         pass's reads at most ``timeout`` seconds (None: all of them); a read
         still running goes on in the background and its node is skipped by
-        the passes that start meanwhile."""
+        the passes that start meanwhile. While the last pass still has nodes
+        to hand out, no new one begins: this call waits for its readers."""
         started = time.monotonic()
+        feed = self._feed
+        if feed is not None and feed.left:
+            # The last pass has not reached every node yet: it goes on, and
+            # no node is read twice before every node was read once.
+            self._say_behind(feed, started)
+        else:
+            self._feed, self._readers = await self._begin(started)
+            self._finished(feed, started)
+        if self._readers:
+            await asyncio.wait(self._readers, timeout=timeout)
+        self._say_unreadable()
+        await self._check_racks()
+        self.last_pass_seconds = time.monotonic() - started
+
+    async def _begin(self, now: float) -> tuple[_Feed, list[asyncio.Task[None]]]:
+        """A new pass: its feed of the nodes to read, and its readers."""
         nodes = [
             n
             for n in await self._nodes.records()
             if self._unsupported.get(n.name) != n.bmc_url
             and n.name not in self._in_flight
-            and not self._without_detectors(n.name, started)
-            and not self._backing_off(n.name, started)
+            and not self._without_detectors(n.name, now)
+            and not self._backing_off(n.name, now)
         ]
         # ``concurrency`` readers take the pass's nodes in turn, the targets
         # unsealed a batch at a time: a first pass over 25,000 nodes is not
@@ -281,11 +312,36 @@ class LeakWatcher:
             self._reads.spawn(self._reader(feed))
             for _ in range(min(len(nodes), max(1, self.concurrency)))
         ]
-        if readers:
-            await asyncio.wait(readers, timeout=timeout)
-        self._say_unreadable()
-        await self._check_racks()
-        self.last_pass_seconds = time.monotonic() - started
+        return feed, readers
+
+    def _say_behind(self, feed: _Feed, now: float) -> None:
+        """Once per episode: a pass outlasted the interval."""
+        if self._behind_since is not None:
+            return
+        self._behind_since = feed.began
+        log.warning(
+            "leak detectors: the pass begun %.0fs ago still has %d of %d nodes to read "
+            "(interval %gs): this controller reads fewer BMCs a second than the fleet "
+            "needs at this interval; the next pass begins once this one has reached every node",
+            now - feed.began,
+            feed.left,
+            feed.size,
+            self.interval,
+        )
+
+    def _finished(self, feed: _Feed | None, now: float) -> None:
+        """The pass before ``now``'s had reached every node: if it was one that
+        outlasted the interval, say how long it took."""
+        if feed is None or self._behind_since is None:
+            return
+        self._behind_since = None
+        log.info(
+            "leak detectors: a pass over %d nodes reached the last of them after %.0fs "
+            "(interval %gs)",
+            feed.size,
+            now - feed.began,
+            self.interval,
+        )
 
     def _say_unreadable(self) -> None:
         """One log line for the BMCs that became unreadable since the last one."""

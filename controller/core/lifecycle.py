@@ -66,6 +66,7 @@ from controller.core.records import NodeRecord
 from controller.core.states import MEMBERS, NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
+from controller.core.unreadable import say_nodes
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,7 @@ class Lifecycle:
         self.clock = clock
         self._rng = rng or random.Random()
         self._backoff: dict[str, _Backoff] = {}
+        self._failed_steps: list[tuple[str, str]] = []  # node, why: said on the next pass
         self._steps = BackgroundTasks()
         self._wake = asyncio.Event()
 
@@ -211,6 +213,7 @@ class Lifecycle:
     async def reconcile_once(self) -> None:
         """Start one step for every node in a state that calls for one, not
         busy and not waiting out a backoff."""
+        self._say_failed_steps()
         records = await self._nodes.records_in(STEPPING)
         states = {n.name: n.state for n in records}
         for name, counted in list(self._backoff.items()):
@@ -226,6 +229,18 @@ class Lifecycle:
             self._busy.add(node.name)
             self._steps.spawn(self._step_guarded(node))
 
+    def _say_failed_steps(self) -> None:
+        """One warning line for the steps that failed since the last."""
+        found, self._failed_steps = self._failed_steps, []
+        say_nodes(
+            log,
+            logging.WARNING,
+            found,
+            one="node %s: %s",
+            many="lifecycle steps of %d nodes failed (each stepped again after a growing "
+            "delay); node %s: %s; also %s",
+        )
+
     async def _capacity_guarded(self) -> None:
         try:
             await self._on_capacity()
@@ -233,11 +248,14 @@ class Lifecycle:
             log.exception("scheduling pass after a capacity change failed")
 
     async def settle(self) -> None:
-        """Wait for the steps in flight (tests and the demo use this)."""
+        """Wait for the steps in flight (tests and the demo use this), and
+        say the ones that failed."""
         await self._steps.settle()
+        self._say_failed_steps()
 
     async def stop(self) -> None:
         await self._steps.stop()
+        self._say_failed_steps()
 
     async def _step_guarded(self, row: NodeRecord) -> None:
         try:
@@ -247,12 +265,14 @@ class Lifecycle:
                 await self._on_capacity()
         except KilnError as e:
             failures, delay = self._back_off(await self._current(row), idle=False)
-            # The 1st, 2nd, 4th, 8th… failure in a row is a warning, the rest
-            # debug: a rack of dead BMCs must not flood the log every minute.
-            level = logging.WARNING if failures & (failures - 1) == 0 else logging.DEBUG
-            log.log(
-                level, "node %s: %s (step %d failed; next in %.0fs)", row.name, e, failures, delay
-            )
+            said = f"{e} (step {failures} failed; next in {delay:.0f}s)"
+            # The 1st, 2nd, 4th, 8th… failure in a row is a warning, the
+            # rest debug, and the warnings of a pass share one line: a rack
+            # (or a fleet) of dead BMCs must not flood the log every minute.
+            if failures & (failures - 1) == 0:
+                self._failed_steps.append((row.name, said))
+            else:
+                log.debug("node %s: %s", row.name, said)
             await self._note(row.name, _steady(str(e)))
         except Exception:
             log.exception("node %s: lifecycle step failed", row.name)

@@ -26,14 +26,15 @@ overload must not be answered twice.
 
 An interval that overloaded the controller after an easing step is
 remembered (the *ceiling*): easing stops just above it (``margin``) and
-goes no faster for ``recheck`` seconds after the slow-down. (Slow-downs in
-a row, while one overload such as a fleet's bring-up is answered, set
-none: once it is over the agents come back as fast as the budget allows.) Only then does it try the ceiling
-again; when that overloads once more, the next try waits twice as long (up
-to ``recheck_longest``), and when it holds for a window the ceiling is
-forgotten. Without it, a controller offered more than it takes hunted:
-slowed every agent, eased back to the same overload, slowed them again
-(every 30 s at 40,000 nodes: 58,741 ``Pace`` messages in three minutes).
+goes no faster for ``recheck`` seconds after the slow-down. Only then does
+it try the ceiling again; when that overloads once more, the next try
+waits twice as long (up to ``recheck_longest``), and when it holds for a
+window the ceiling is forgotten. Slow-downs in a row (one overload, such
+as a fleet's bring-up, still being answered) set no ceiling: once it is
+over, the agents come back as fast as the budget allows. Without the
+ceiling, a controller offered more than it takes hunted: it slowed every
+agent, eased back into the same overload and slowed them again (every 30 s
+at 40,000 nodes: 58,741 ``Pace`` messages in three minutes).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""One log line for the nodes whose BMC readings became unreadable.
+"""One log line for the nodes that failed alike in one pass.
 
 A BMC network down makes 25,000 BMCs unreadable at once; a line each would
 bury everything else in the log. The watchers (leak detectors, silent
-agents' thermal sensors) collect the nodes that turned unreadable in a pass
-and say them here: the node's own line when it is one, else how many, the
-first one's error and the next few names.
+agents' thermal sensors) and the lifecycle collect the nodes that failed in
+a pass and say them here: the node's own line when it is one, else how
+many, the first one's error and the next few names.
 """
 
 from __future__ import annotations
@@ -15,26 +15,38 @@ from collections.abc import Sequence
 NAMED = 10  # names listed beside the first, in a line for many
 
 
+def say_nodes(
+    log: logging.Logger,
+    level: int,
+    found: Sequence[tuple[str, str]],
+    *,
+    one: str,
+    many: str,
+) -> None:
+    """Log the ``found`` nodes (node, error) in one line: ``one`` % (node,
+    error) for a single node, else ``many`` % (how many, the first node, its
+    error, the next few names)."""
+    if not found:
+        return
+    name, error = found[0]
+    if len(found) == 1:
+        log.log(level, one, name, error)
+        return
+    others = ", ".join(n for n, _ in found[1 : NAMED + 1])
+    if len(found) > NAMED + 1:
+        others += ", ..."
+    log.log(level, many, len(found), name, error, others)
+
+
 def say_unreadable(
     log: logging.Logger, what: str, found: Sequence[tuple[str, str]], then: str
 ) -> None:
     """Log that ``what`` (e.g. "leak detectors") of the ``found`` nodes
     (node, error) became unreadable; ``then`` says what happens next."""
-    if not found:
-        return
-    name, error = found[0]
-    if len(found) == 1:
-        log.info("node %s: %s unreadable: %s (%s)", name, what, error, then)
-        return
-    others = ", ".join(n for n, _ in found[1 : NAMED + 1])
-    if len(found) > NAMED + 1:
-        others += ", ..."
-    log.info(
-        "%s of %d nodes newly unreadable (%s); node %s: %s; also %s",
-        what,
-        len(found),
-        then,
-        name,
-        error,
-        others,
+    say_nodes(
+        log,
+        logging.INFO,
+        found,
+        one=f"node %s: {what} unreadable: %s ({then})",
+        many=f"{what} of %d nodes newly unreadable ({then}); node %s: %s; also %s",
     )

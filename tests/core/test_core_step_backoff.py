@@ -149,3 +149,33 @@ async def test_repeated_failures_warn_at_growing_intervals(
     warned = [r for r in caplog.records if "noisy" in r.getMessage()]
     assert len(tried) >= 19  # retried every second or two...
     assert len(warned) <= 6  # ...warned at the 1st, 2nd, 4th, 8th, 16th, 32nd failure
+
+
+@pytest.mark.timeout(60)
+async def test_the_failed_steps_of_a_pass_share_one_warning(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rack's BMC network down: one line for its nodes, not one each; a
+    single node keeps its own line."""
+    fleet = make_fleet()
+    clock = FakeClock()
+    fleet.lifecycle.clock = clock
+    dead = [f"dead-{i:02d}" for i in range(18)]
+    for name in dead:
+        bmc.unreachable.add(name)
+        await enroll(fleet, name)
+    caplog.set_level("WARNING", logger="controller.core.lifecycle")
+    await fleet.lifecycle.reconcile_once()
+    await fleet.lifecycle.settle()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("lifecycle steps of 18 nodes failed")
+    assert "(step 1 failed; next in" in line and line.endswith(", ...")
+    assert sum(name in line for name in dead) == 11  # the first and ten more
+
+    caplog.clear()
+    bmc.unreachable.add("alone")
+    await enroll(fleet, "alone")
+    await fleet.lifecycle.reconcile_once()  # the others wait out their backoff
+    await fleet.lifecycle.settle()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("node alone: ") and "(step 1 failed; next in" in line

@@ -134,3 +134,32 @@ async def test_a_store_that_fails_to_unseal_ends_the_pass_and_the_next_reads_eve
     finally:
         await fleet.leaks.stop()
         await gateway.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_pass_that_outlasts_the_interval_finishes_before_the_next_begins(
+    store: Store, wide: RedfishEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """More nodes than the readers get through in an interval: the next pass
+    waits for this one to reach every node, so none is read twice first,
+    and a warning says so once."""
+    fleet, gateway = await counting_fleet(store, wide)
+    fleet.leaks.concurrency = 1
+    caplog.set_level(logging.INFO, logger="controller.core.leaks")
+    try:
+        await fleet.leaks.run_once(timeout=0.001)  # one reader, 12 nodes: not done
+        await fleet.leaks.run_once(timeout=0.001)
+        await fleet.leaks.run_once(timeout=0.001)
+        assert sum(gateway.reads.values()) < NODES
+        said = [r.getMessage() for r in caplog.records]
+        (behind,) = [m for m in said if "still has" in m]
+        assert f"of {NODES} nodes to read (interval 5s)" in behind
+        await fleet.leaks.settle()
+        assert gateway.reads == {f"node-{i:05d}": 1 for i in range(NODES)}
+        await fleet.leaks.run_once()  # a new pass, and the last one's length said
+        assert set(gateway.reads.values()) == {2}
+        (done,) = [r.getMessage() for r in caplog.records if "reached the last" in r.getMessage()]
+        assert done.startswith(f"leak detectors: a pass over {NODES} nodes reached the last")
+    finally:
+        await fleet.leaks.stop()
+        await gateway.close()
