@@ -721,10 +721,12 @@ class Fleet:
         if pace.late > pace.rules.slow_above:
             log.warning(
                 "health reports: the controller is behind (event loop %.0f ms late, reports "
-                "%.0f ms, medians over %gs); %d agents asked to report every %.1fs",
+                "%.0f ms, medians over %gs, at %.2f cores); %d agents asked to report every "
+                "%.1fs",
                 pace.lag * 1000,
                 pace.report_delay * 1000,
                 pace.rules.window,
+                pace.busy,
                 asked,
                 interval,
             )

@@ -22,20 +22,22 @@ def say_nodes(
     *,
     one: str,
     many: str,
+    stacklevel: int = 2,
 ) -> None:
     """Log the ``found`` nodes (node, error) in one line: ``one`` % (node,
     error) for a single node, else ``many`` % (how many, the first node, its
-    error, the next few names)."""
+    error, the next few names). ``stacklevel``: the log record names the
+    caller's line, as ``logging`` counts it."""
     if not found:
         return
     name, error = found[0]
     if len(found) == 1:
-        log.log(level, one, name, error)
+        log.log(level, one, name, error, stacklevel=stacklevel)
         return
     others = ", ".join(n for n, _ in found[1 : NAMED + 1])
     if len(found) > NAMED + 1:
         others += ", ..."
-    log.log(level, many, len(found), name, error, others)
+    log.log(level, many, len(found), name, error, others, stacklevel=stacklevel)
 
 
 def say_unreadable(
@@ -49,4 +51,5 @@ def say_unreadable(
         found,
         one=f"node %s: {what} unreadable: %s ({then})",
         many=f"{what} of %d nodes newly unreadable ({then}); node %s: %s; also %s",
+        stacklevel=3,
     )

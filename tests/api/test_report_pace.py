@@ -11,7 +11,10 @@ reports or a long scheduling pass would hold it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,7 +30,15 @@ from controller.server import ControllerConfig, ControllerServer
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
 
 SAMPLE = 0.5  # --sample-interval
-RULES = PaceRules(tick=0.05, window=0.5, slow_above=0.08, ease_below=0.03, longest=3.0, recheck=1.0)
+RULES = PaceRules(
+    tick=0.05,
+    window=0.5,
+    slow_above=0.08,
+    ease_below=0.03,
+    longest=3.0,
+    recheck=1.0,
+    busy_cores=0.3,
+)
 
 
 async def until(check: Callable[[], bool], within: float, what: str) -> None:
@@ -51,6 +62,29 @@ class Blocker:
     def stop(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
+
+
+class Burner:
+    """Keeps the controller's process busy without holding its event loop:
+    a thread hashing a large buffer (hashlib lets go of the interpreter
+    while it hashes), as the database or the BMC threads would."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._burn, daemon=True)
+
+    def _burn(self) -> None:
+        data = os.urandom(1 << 22)
+        while not self._stop.is_set():
+            hashlib.sha256(data).digest()
+
+    def __enter__(self) -> Burner:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 async def pacing_controller(state_dir: Path) -> tuple[ControllerServer, Fleet, str]:
@@ -141,7 +175,7 @@ async def test_reports_arriving_late_slow_the_agents_while_the_loop_keeps_time(
     """A backlog ahead of the controller's code (gRPC's own queue) delays
     every report while the event loop stays on time: here an agent's stream
     sends reports sampled 0.5 s before they are sent, after one sent at once
-    (its quickest), and the controller asks it to slow down."""
+    (its quickest), and the controller, once busy, asks it to slow down."""
     server, fleet, address = await pacing_controller(tmp_path)
     channel = grpc.aio.insecure_channel(address)
     sending = asyncio.Event()
@@ -162,10 +196,18 @@ async def test_reports_arriving_late_slow_the_agents_while_the_loop_keeps_time(
         assert first.registered.sample_interval_s == SAMPLE
         await until(lambda: fleet.pace.lag < RULES.ease_below, 10, "an idle loop keeps up")
         sending.set()
-        paced = await asyncio.wait_for(call.read(), 20)
+        # Idle, the controller does not count them: they were late before
+        # they reached it, and slowing the agent would not bring them sooner.
+        await until(lambda: fleet.pace.report_delay > 0.4, 10, "the reports are seen late")
+        await asyncio.sleep(4 * RULES.window)
+        assert fleet.pace.busy < RULES.busy_cores
+        assert fleet.pace.interval() == SAMPLE
+        with Burner():  # busy: they count
+            paced = await asyncio.wait_for(call.read(), 20)
         assert paced.WhichOneof("body") == "pace"
         assert paced.pace.sample_interval_s == pytest.approx(SAMPLE * RULES.stretch)
         assert fleet.pace.report_delay == pytest.approx(0.5, abs=0.1)
+        assert fleet.pace.busy >= RULES.busy_cores
         assert fleet.pace.lag < RULES.slow_above  # the loop alone would not have slowed it
     finally:
         if call is not None:

@@ -91,6 +91,7 @@ def test_longest_zero_turns_the_pace_off_but_the_lag_is_still_measured() -> None
         {"longest": -1},
         {"margin": 0.9},
         {"recheck": -1},
+        {"busy_cores": -0.1},
         {"recheck": 700, "recheck_longest": 600},
     ],
 )
@@ -213,3 +214,18 @@ def test_a_load_that_grows_past_the_ceiling_raises_it_without_a_longer_wait() ->
     assert p.judge(CALM, now=40.0) == pytest.approx(1.98)  # just above 1.8
     assert p.judge(CALM, now=45.0) is None
     assert p.judge(CALM, now=50.0) == pytest.approx(1.98 / 1.25)  # tried 30 s after
+
+
+@pytest.mark.timeout(10)
+def test_late_reports_at_an_idle_controller_slow_nobody_down() -> None:
+    """Held up before the controller (the senders, the network): slowing the
+    agents would not bring them sooner."""
+    p, _ = pace()
+    late = [0.4] * MIN_REPORTS
+    assert p.judge(CALM, now=0.0, delays=late, busy=0.2) is None
+    assert p.report_delay == 0.4 and p.busy == 0.2 and p.late == 0.002
+    assert p.judge(CALM, now=100.0, delays=late, busy=0.5) == 7.5  # busy: they count
+    # A loop that lags counts however idle the process looks.
+    assert p.judge(BUSY, now=200.0, busy=0.0) == 11.25
+    off = ReportPace(PaceRules(busy_cores=0.0), budget=lambda: 5.0)
+    assert off.judge(CALM, now=0.0, delays=late, busy=0.0) == 7.5
