@@ -57,15 +57,33 @@ async def wide() -> AsyncIterator[RedfishEmulator]:
         yield emu
 
 
-async def counting_fleet(store: Store, emulator: RedfishEmulator) -> tuple[Fleet, CountingGateway]:
+@pytest_asyncio.fixture
+async def counted(
+    store: Store, wide: RedfishEmulator
+) -> AsyncIterator[tuple[Fleet, CountingGateway]]:
+    """A Fleet (loops not started) with the emulator's nodes enrolled, on
+    the counting gateway, its watcher at ``READERS`` readers."""
     gateway = CountingGateway()
     fleet = Fleet(store, gateway)
-    await fleet.nodes.loaded()
-    for i in range(NODES):
-        name = f"node-{i:05d}"
-        await fleet.enroll(EnrollSpec(name, emulator.system_url(name), USER, PASSWORD, rack="r1"))
-    fleet.leaks.concurrency = READERS
-    return fleet, gateway
+    try:
+        await fleet.nodes.loaded()
+        for i in range(NODES):
+            name = f"node-{i:05d}"
+            await fleet.enroll(EnrollSpec(name, wide.system_url(name), USER, PASSWORD, rack="r1"))
+        fleet.leaks.concurrency = READERS
+        yield fleet, gateway
+    finally:
+        await fleet.leaks.stop()
+        await gateway.close()
+
+
+async def one_pass(fleet: Fleet) -> None:
+    """A pass, waited for to its last read."""
+    await fleet.leaks.run_once()
+    await fleet.leaks.settle()
+
+
+EVERY_NODE_ONCE = {f"node-{i:05d}": 1 for i in range(NODES)}
 
 
 def spy_on_targets(fleet: Fleet) -> list[int]:
@@ -83,34 +101,28 @@ def spy_on_targets(fleet: Fleet) -> list[int]:
 
 @pytest.mark.timeout(90)
 async def test_a_pass_reads_every_node_once_with_a_few_readers_and_batched_targets(
-    store: Store, wide: RedfishEmulator
+    counted: tuple[Fleet, CountingGateway],
 ) -> None:
-    fleet, gateway = await counting_fleet(store, wide)
+    fleet, gateway = counted
     batches = spy_on_targets(fleet)
-    try:
-        before = len(asyncio.all_tasks())
-        await fleet.leaks.run_once()
-        await fleet.leaks.settle()
-        assert gateway.reads == {f"node-{i:05d}": 1 for i in range(NODES)}
-        assert 2 <= gateway.most_running <= READERS  # side by side, never more
-        # The readers, not a task per node (12 tasks more before).
-        assert gateway.most_tasks - before <= READERS
-        assert batches == [READERS] * (NODES // READERS)
-        # A second pass reads every node again, with the targets kept.
-        await fleet.leaks.run_once()
-        await fleet.leaks.settle()
-        assert set(gateway.reads.values()) == {2}
-        assert batches == [READERS] * (NODES // READERS)
-    finally:
-        await fleet.leaks.stop()
-        await gateway.close()
+    before = len(asyncio.all_tasks())
+    await one_pass(fleet)
+    assert gateway.reads == EVERY_NODE_ONCE
+    assert 2 <= gateway.most_running <= READERS  # side by side, never more
+    # The readers, not a task per node (12 tasks more before).
+    assert gateway.most_tasks - before <= READERS
+    assert batches == [READERS] * (NODES // READERS)
+    # A second pass reads every node again, with the targets kept.
+    await one_pass(fleet)
+    assert set(gateway.reads.values()) == {2}
+    assert batches == [READERS] * (NODES // READERS)
 
 
 @pytest.mark.timeout(90)
 async def test_a_store_that_fails_to_unseal_ends_the_pass_and_the_next_reads_everyone(
-    store: Store, wide: RedfishEmulator, caplog: pytest.LogCaptureFixture
+    counted: tuple[Fleet, CountingGateway], caplog: pytest.LogCaptureFixture
 ) -> None:
-    fleet, gateway = await counting_fleet(store, wide)
+    fleet, gateway = counted
     unseal = fleet.nodes.targets
     failures = [RuntimeError("the database is gone")]
 
@@ -121,45 +133,35 @@ async def test_a_store_that_fails_to_unseal_ends_the_pass_and_the_next_reads_eve
 
     fleet.nodes.targets = targets  # type: ignore[method-assign]
     caplog.set_level(logging.ERROR, logger="controller.core.leaks")
-    try:
-        await fleet.leaks.run_once()
-        await fleet.leaks.settle()
-        assert not gateway.reads
-        (line,) = [r.getMessage() for r in caplog.records]
-        assert line == f"leak detector pass: the BMC targets of {NODES} nodes unreadable"
-        # Nothing is left marked as being read: the next pass reads them all.
-        await fleet.leaks.run_once()
-        await fleet.leaks.settle()
-        assert gateway.reads == {f"node-{i:05d}": 1 for i in range(NODES)}
-    finally:
-        await fleet.leaks.stop()
-        await gateway.close()
+    await one_pass(fleet)
+    assert not gateway.reads
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == f"leak detector pass: the BMC targets of {NODES} nodes unreadable"
+    # Nothing is left marked as being read: the next pass reads them all.
+    await one_pass(fleet)
+    assert gateway.reads == EVERY_NODE_ONCE
 
 
 @pytest.mark.timeout(90)
 async def test_a_pass_that_outlasts_the_interval_finishes_before_the_next_begins(
-    store: Store, wide: RedfishEmulator, caplog: pytest.LogCaptureFixture
+    counted: tuple[Fleet, CountingGateway], caplog: pytest.LogCaptureFixture
 ) -> None:
     """More nodes than the readers get through in an interval: the next pass
     waits for this one to reach every node, so none is read twice first,
     and a warning says so once."""
-    fleet, gateway = await counting_fleet(store, wide)
+    fleet, gateway = counted
     fleet.leaks.concurrency = 1
     caplog.set_level(logging.INFO, logger="controller.core.leaks")
-    try:
-        await fleet.leaks.run_once(timeout=0.001)  # one reader, 12 nodes: not done
-        await fleet.leaks.run_once(timeout=0.001)
-        await fleet.leaks.run_once(timeout=0.001)
-        assert sum(gateway.reads.values()) < NODES
-        said = [r.getMessage() for r in caplog.records]
-        (behind,) = [m for m in said if "still has" in m]
-        assert f"of {NODES} nodes to read (interval 5s)" in behind
-        await fleet.leaks.settle()
-        assert gateway.reads == {f"node-{i:05d}": 1 for i in range(NODES)}
-        await fleet.leaks.run_once()  # a new pass, and the last one's length said
-        assert set(gateway.reads.values()) == {2}
-        (done,) = [r.getMessage() for r in caplog.records if "reached the last" in r.getMessage()]
-        assert done.startswith(f"leak detectors: a pass over {NODES} nodes reached the last")
-    finally:
-        await fleet.leaks.stop()
-        await gateway.close()
+    await fleet.leaks.run_once(timeout=0.001)  # one reader, 12 nodes: not done
+    await fleet.leaks.run_once(timeout=0.001)
+    await fleet.leaks.run_once(timeout=0.001)
+    assert sum(gateway.reads.values()) < NODES
+    said = [r.getMessage() for r in caplog.records]
+    (behind,) = [m for m in said if "still has" in m]
+    assert f"of {NODES} nodes to read (interval 5s)" in behind
+    await fleet.leaks.settle()
+    assert gateway.reads == EVERY_NODE_ONCE
+    await fleet.leaks.run_once()  # a new pass, and the last one's length said
+    assert set(gateway.reads.values()) == {2}
+    (done,) = [r.getMessage() for r in caplog.records if "reached the last" in r.getMessage()]
+    assert done.startswith(f"leak detectors: a pass over {NODES} nodes reached the last")
