@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -97,17 +98,23 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         # generator is finalized, which waits for the garbage collector if
         # anything in a reference cycle still holds it. The call's end stops
         # the reader and detaches the session at once, whatever holds it.
-        context.add_done_callback(lambda _: self._call_ended(session, reader))
+        # The queue read in flight: the call's end cancels it too, or it
+        # would wait on a queue nobody holds until the collector destroyed
+        # it, pending (an error logged for every agent gone at once).
+        tasks: list[asyncio.Task[Any]] = [reader]
+        context.add_done_callback(lambda _: self._call_ended(session, tasks))
         try:
             while not reader.done():
                 getter = asyncio.create_task(session.queue.get())
+                tasks[1:] = [getter]
                 done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
                     getter.cancel()
                     break
                 yield outgoing_pb(getter.result())
         finally:
-            reader.cancel()
+            for task in tasks:
+                task.cancel()
             refused: object = None
             try:
                 refused = (await asyncio.gather(reader, return_exceptions=True))[0]
@@ -117,10 +124,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         if isinstance(refused, KilnError):
             await context.abort(status_for(refused), message_for(refused))
 
-    def _call_ended(self, session: AgentSession, reader: asyncio.Task[KilnError | None]) -> None:
-        """The agent's call is over, however it ended (``Connect``'s cleanup
-        may run again later: both steps do nothing the second time)."""
-        reader.cancel()
+    def _call_ended(self, session: AgentSession, tasks: list[asyncio.Task[Any]]) -> None:
+        """The agent's call is over, however it ended: stop its reader and
+        its queue read, and detach it (``Connect``'s cleanup may run again
+        later: each step does nothing the second time)."""
+        for task in tasks:
+            task.cancel()
         self._fleet.agent_disconnected(session)
 
     async def _read(
