@@ -34,15 +34,17 @@ overload must not be answered twice.
 
 An interval that overloaded the controller after an easing step is
 remembered (the *ceiling*): easing stops just above it (``margin``) and
-goes no faster for ``recheck`` seconds after the slow-down. Only then does
-it try the ceiling again; when that overloads once more, the next try
-waits twice as long (up to ``recheck_longest``), and when it holds for a
-window the ceiling is forgotten. Slow-downs in a row (one overload, such
-as a fleet's bring-up, still being answered) set no ceiling: once it is
-over, the agents come back as fast as the budget allows. Without the
-ceiling, a controller offered more than it takes hunted: it slowed every
-agent, eased back into the same overload and slowed them again (every 30 s
-at 40,000 nodes: 58,741 ``Pace`` messages in three minutes).
+goes no faster for ``recheck`` seconds after the slow-down. Then a retry
+eases one step further and holds there a recheck in turn, and so on down
+to the budget; a retry that overloads again makes the next wait twice as
+long (up to ``recheck_longest``), one that holds halves it (down to
+``recheck``), and a recheck calm at the budget forgets the ceiling.
+Slow-downs in a row (one overload, such as a fleet's bring-up, still being
+answered) set no ceiling: once it is over, the agents come back as fast as
+the budget allows. Without the ceiling (``recheck`` 0), a controller
+offered more than it takes hunted: it slowed every agent, eased back into
+the same overload and slowed them again (every 30 s at 40,000 nodes:
+58,741 ``Pace`` messages in three minutes).
 """
 
 from __future__ import annotations
@@ -116,6 +118,8 @@ class ReportPace:
         self._recheck = rules.recheck  # s before the ceiling is tried again
         self._retry_at = float("-inf")  # when easing may reach the ceiling
         self._eased = False  # whether the last change was an easing step
+        self._overloads = 0  # slow-downs so far
+        self._overloads_at_retry = -1  # ... at the last retry
 
     @property
     def late(self) -> float:
@@ -150,52 +154,64 @@ class ReportPace:
         if not rules.longest or now < self._hold_until:
             return None
         before = self.interval()
-        if (
-            self.late < rules.ease_below
-            and self.ceiling
-            and before <= self.ceiling
-            and now >= self._retry_at
-        ):
-            self._forget_ceiling()  # a try at the ceiling held for a window
+        calm = self.late < rules.ease_below
         if self.late > rules.slow_above:
             after = min(rules.longest, before * rules.stretch)
             if after <= before:
                 return None  # at the longest already
             self._overloaded(before, now)
             self.stretched = after
-        elif self.late < rules.ease_below and self.stretched:
-            after = before / rules.ease
-            if self.ceiling and after < self.ceiling * rules.margin and now < self._retry_at:
-                after = self.ceiling * rules.margin  # not the overload again, yet
+        elif calm and self.stretched:
+            after, retry = before / rules.ease, False
+            if self.ceiling and after < self.ceiling * rules.margin:
+                if now < self._retry_at:
+                    after = self.ceiling * rules.margin  # not the overload again, yet
+                else:
+                    retry = True
             budget = self._budget()
             if after <= budget:
                 self.stretched, after = 0.0, budget
-            elif after >= before:
-                return None  # held just above the ceiling until its retry
             else:
                 self.stretched = after
             if after >= before:
-                return None  # the budget alone holds the interval here
+                return None  # held: by the budget, or above the ceiling until its retry
+            if retry:
+                self._retried(after, now)
             self._eased = True
         else:
+            if calm and self.ceiling and now >= self._retry_at:
+                self._retried(0.0, now)  # at the budget a recheck long: the ceiling goes
             return None
         self._hold_until = now + max(rules.window, 2 * max(before, after))
         return after
 
-    def _overloaded(self, interval: float, now: float) -> None:
-        """Agents at ``interval`` overloaded the controller: keep them above it
-        for a while, longer each time a try at it overloads again."""
-        eased, self._eased = self._eased, False
-        if not eased and not self.ceiling:
-            return  # slow-downs in a row: one overload still being answered
-        if self.ceiling and interval <= self.ceiling:
-            self._recheck = min(self.rules.recheck_longest, 2 * self._recheck)
-        self.ceiling = max(self.ceiling, interval)
+    def _retried(self, interval: float, now: float) -> None:
+        """A retry eased the agents to ``interval`` (one step below the
+        ceiling's margin): it is held there a recheck in turn (0: the
+        budget held, and the ceiling is gone). The wait halves when the
+        last retry held."""
+        if self._overloads == self._overloads_at_retry:
+            self._recheck = max(self.rules.recheck, self._recheck / 2)
+        self._overloads_at_retry = self._overloads
+        self.ceiling = interval / self.rules.margin
         self._retry_at = now + self._recheck
 
-    def _forget_ceiling(self) -> None:
-        self.ceiling = 0.0
-        self._recheck = self.rules.recheck
+    def _overloaded(self, interval: float, now: float) -> None:
+        """Agents at ``interval`` overloaded the controller: after an easing
+        step, keep them above it for a while, longer each time a retry
+        overloads again; in a row, the same overload is still being
+        answered."""
+        eased, self._eased = self._eased, False
+        self._overloads += 1
+        if not eased:
+            if self.ceiling and interval > self.ceiling:
+                self.ceiling = interval
+                self._retry_at = now + self._recheck
+            return
+        if self.ceiling and interval <= self.ceiling * self.rules.margin * (1 + 1e-9):
+            self._recheck = min(self.rules.recheck_longest, 2 * self._recheck)  # a retry failed
+        self.ceiling = max(self.ceiling, interval)
+        self._retry_at = now + self._recheck
 
 
 class ReportDelays:
