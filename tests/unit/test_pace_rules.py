@@ -227,9 +227,9 @@ def test_late_reports_at_an_idle_controller_slow_nobody_down() -> None:
     agents would not bring them sooner."""
     p, _ = pace()
     late = [0.4] * MIN_REPORTS
-    assert p.judge(CALM, now=0.0, delays=late, busy=0.2) is None
-    assert p.report_delay == 0.4 and p.busy == 0.2 and p.late == 0.002
-    assert p.judge(CALM, now=100.0, delays=late, busy=0.5) == 7.5  # busy: they count
+    assert p.judge(CALM, now=0.0, delays=late, busy=0.7) is None
+    assert p.report_delay == 0.4 and p.busy == 0.7 and p.late == 0.002
+    assert p.judge(CALM, now=100.0, delays=late, busy=0.8) == 7.5  # busy: they count
     # A loop that lags counts however idle the process looks.
     assert p.judge(BUSY, now=200.0, busy=0.0) == 11.25
     off = ReportPace(PaceRules(busy_cores=0.0), budget=lambda: 5.0)
