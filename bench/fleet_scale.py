@@ -70,7 +70,9 @@ took about 10 minutes (10k x10: 1,000 agents enrolled in 7 s, registered in
 5 s, all ready after 16 s). 25k x10 (2,500 agents at 1 s) was not run
 there; at the ready wait's limit of max(60 s, nodes/20 s)
 (``--ready-timeout``) expect 10 minutes or more, and uncompressed 25,000
-nodes 45 minutes or more.
+nodes 45 minutes or more. In December 2026, 25k x10 took 5-7 minutes and
+40k x10 6-8, of which up to 2 minutes (``--pace-settle``) waiting for the
+controller to stop slowing the agents after the bring-up.
 
     python bench/fleet_scale.py [--nodes 1000,5000] [--interval 10] [--compress 10]
         [--duration 30] [--generators 4] [--bmc responder|dead] [--log-dir DIR]
