@@ -116,7 +116,7 @@ class ReportPace:
         self.report_delay = 0.0  # the reports' median delay (s) over it
         self.busy = 0.0  # the process's CPU (cores) over it
         self._hold_until = float("-inf")
-        self.ceiling = 0.0  # the interval last found to overload (0: none known)
+        self.ceiling = 0.0  # easing stops ``margin`` above it until the retry (0: none)
         self._recheck = rules.recheck  # s before the ceiling is tried again
         self._retry_at = float("-inf")  # when easing may reach the ceiling
         self._eased = False  # whether the last change was an easing step
