@@ -477,13 +477,25 @@ class BmcGuard:
                 raise BmcPoolClosed(host=self.host, operation=operation) from error
             return waiter.result()
         waiter.cancel()
-        if not slot.started:
-            pool = getattr(self._executor, "name", "BMC")
+        pool = getattr(self._executor, "name", "BMC")
+        if slot.started_at is None:
             raise BmcBusy(
                 host=self.host,
                 operation=operation,
                 seconds=timeout,
                 waiting_for=f"a free {pool} worker thread",
+            )
+        waited = slot.started_at - (deadline - timeout)
+        if waited > timeout / 2:
+            # The BMC had less than half its time: the controller's own queue
+            # (threads cut to keep the loop on time, an interpreter at one
+            # core) ran the deadline down, and that says nothing of the BMC.
+            raise BmcBusy(
+                host=self.host,
+                operation=operation,
+                seconds=round(waited, 2),
+                waiting_for=f"a free {pool} worker thread, which left it "
+                f"{max(0.0, deadline - slot.started_at):.2f}s of its {timeout:g}s to answer",
             )
         raise BmcTimeout(host=self.host, operation=operation, seconds=round(timeout, 2))
 

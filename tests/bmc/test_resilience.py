@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from controller.bmc.errors import BmcBreakerOpen, BmcServerError
+from controller.bmc.errors import BmcBreakerOpen, BmcBusy, BmcServerError
 from controller.bmc.resilience import BmcGuard, BreakerState, CircuitBreaker, RetryPolicy
 from controller.core.errors import (
     BmcAuthenticationFailed,
@@ -172,3 +173,40 @@ def test_retry_delay_is_capped_full_jitter() -> None:
     values = [d() for d in delays]
     assert all(0 <= v <= 2.0 for v in values)
     assert max(values) > 0.5  # grows past the base
+
+
+async def test_a_call_that_started_too_late_to_finish_is_busy_not_the_bmcs_fault() -> None:
+    """The controller's own queue (its one worker thread busy elsewhere) ate
+    most of the deadline: the BMC had less than half its time, so the
+    timeout is not counted against it (nor its address)."""
+    import threading
+
+    clock = FakeClock()
+    executor = ThreadPoolExecutor(1)
+    guard = BmcGuard(
+        "node-1",
+        "h",
+        executor=executor,
+        call_timeout=0.5,
+        retry=RetryPolicy(attempts=1),
+        breaker=CircuitBreaker("h", failure_threshold=1, cooldown=30.0, clock=clock),
+        clock=clock,
+    )
+    release = threading.Event()
+    try:
+        executor.submit(time.sleep, 0.35)  # the thread is taken for most of the deadline
+        with pytest.raises(BmcBusy) as caught:
+            await guard.call("power state", Script(lambda: release.wait(5)))
+        assert "waited 0.3" in str(caught.value) and "of its 0.5s to answer" in str(caught.value)
+        assert guard.breaker.state is BreakerState.CLOSED  # one failure would have opened it
+        release.set()
+        # Started at once and still silent at its deadline: the BMC's timeout.
+        release.clear()
+        await asyncio.sleep(0.1)
+        with pytest.raises(BmcTimeout) as timed_out:
+            await guard.call("power state", Script(lambda: release.wait(5)))
+        assert type(timed_out.value) is BmcTimeout
+        assert guard.breaker.state is BreakerState.OPEN
+    finally:
+        release.set()
+        executor.shutdown()
