@@ -172,6 +172,7 @@ class Lifecycle:
         self._rng = rng or random.Random()
         self._backoff: dict[str, _Backoff] = {}
         self._failed_steps: list[tuple[str, str]] = []  # node, why: said on the next pass
+        self._poked: set[str] = set()  # poked while a step of theirs ran
         self._steps = BackgroundTasks()
         self._wake = asyncio.Event()
 
@@ -180,7 +181,11 @@ class Lifecycle:
 
     def poke(self, node: str) -> None:
         """Something changed for ``node`` (its agent registered, an operator
-        acted): forget its wait and look at it on the next pass, now."""
+        acted): forget its wait and look at it on the next pass, now. A
+        step in flight that then fails or waits does not back it off: it
+        saw the node from before the change."""
+        if node in self._busy:
+            self._poked.add(node)
         backoff = self._backoff.get(node)
         if backoff is not None and backoff.state != S.PREPARING:
             del self._backoff[node]  # preparation attempts still count
@@ -280,6 +285,9 @@ class Lifecycle:
                 self._back_off(await self._current(row), idle=False)
         finally:
             self._busy.discard(row.name)
+            if row.name in self._poked:
+                self._poked.discard(row.name)
+                self.wake()  # the pass its poke woke skipped it, busy
 
     async def _current(self, row: NodeRecord) -> NodeRecord:
         """The node as stored now (a step may have moved it before it failed)."""
@@ -297,6 +305,8 @@ class Lifecycle:
             backoff = self._backoff[row.name] = _Backoff(row.state)
         backoff.failures += 1
         delay = self.step_backoff.delay(backoff.failures, self._rng)
+        if row.name in self._poked:
+            delay = 0.0  # poked while this step ran: look again on the next pass
         backoff.retry_at = self.clock() + delay
         return backoff.failures, delay
 

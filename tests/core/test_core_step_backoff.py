@@ -3,6 +3,7 @@ after each failure, and a change that may unblock it clears the wait."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 from collections.abc import Callable
@@ -179,3 +180,32 @@ async def test_the_failed_steps_of_a_pass_share_one_warning(
     await fleet.lifecycle.settle()
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("node alone: ") and "(step 1 failed; next in" in line
+
+
+@pytest.mark.timeout(60)
+async def test_a_poke_while_a_step_runs_is_not_lost(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's agent registers while a step that looked before it is
+    still running: that step's "waiting for the agent" must not back the
+    node off, or it waits out a delay (up to a minute) with its agent there."""
+    fleet = make_fleet()
+    clock = FakeClock()
+    fleet.lifecycle.clock = clock
+    await enroll(fleet, "n1")
+    entered, release = asyncio.Event(), asyncio.Event()
+    answer = bmc.power_state
+
+    async def held(target: object) -> str:
+        entered.set()
+        await release.wait()
+        return await answer(target)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bmc, "power_state", held)
+    await fleet.lifecycle.reconcile_once()
+    await asyncio.wait_for(entered.wait(), 10)
+    fleet.lifecycle.poke("n1")  # as its agent's registration does
+    release.set()
+    await fleet.lifecycle.settle()
+    assert (await fleet.get_node("n1")).state == NodeState.INSPECTING  # still no agent here
+    assert fleet.lifecycle.waiting("n1") == 0.0  # but not backed off: looked at next pass
