@@ -436,19 +436,19 @@ async def median_asked(generators: Generators, interval: float) -> float:
 
 async def wait_unpaced(
     generators: Generators, interval: float, limit: float
-) -> tuple[float, float]:
+) -> tuple[float, float, bool]:
     """Wait (at most ``limit`` seconds) until the controller asks the agents
     for ``interval`` again, after it slowed them while the fleet came up
     (enrolment, registration, inspection): the window measures the steady
     state at the offered load, not the bring-up. (seconds waited, the
-    slowest median interval seen)."""
+    slowest median interval seen, whether it eased back)."""
     started = time.monotonic()
     slowest = asked = await median_asked(generators, interval)
     while asked > interval * 1.001 and time.monotonic() - started < limit:
         await asyncio.sleep(1.0)
         asked = await median_asked(generators, interval)
         slowest = max(slowest, asked)
-    return time.monotonic() - started, slowest
+    return time.monotonic() - started, slowest, asked <= interval * 1.001
 
 
 # --- API phase ------------------------------------------------------------------------------
@@ -711,9 +711,8 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                     "still at work: its CPU is in the idle figure and the window's)"
                 )
             await asyncio.sleep(min(3.0, interval * 2))  # every stream sending
-            waited, slowest = await wait_unpaced(generators, interval, args.pace_settle)
+            waited, slowest, eased = await wait_unpaced(generators, interval, args.pace_settle)
             if slowest > interval * 1.001:
-                eased = await median_asked(generators, interval) <= interval * 1.001
                 print(
                     f"  the controller had slowed its agents (to one report every "
                     f"{slowest:.2f} s at the median) while the fleet came up; "
