@@ -250,6 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.firmware_per_rack,
         help="firmware updates at once in one rack (default %(default)s)",
     )
+    p.add_argument(
+        "--prepare-boot-timeout",
+        type=seconds,
+        default=limits.boot_timeout_s,
+        help="seconds from preparation's power cycle (after firmware or BIOS changes) "
+        "until the node's agent must register again; else the attempt fails and "
+        "is retried (default %(default)g)",
+    )
     provision = ProvisionLimits()
     p.add_argument(
         "--images",
@@ -473,6 +481,7 @@ def parse(argv: list[str] | None = None) -> Options:
             prepare_per_rack=args.max_preparing_per_rack,
             firmware_fleet=args.max_firmware_updates,
             firmware_per_rack=args.max_firmware_updates_per_rack,
+            boot_timeout_s=args.prepare_boot_timeout,
         ),
         images=load_image_catalog(args.images),
         images_file=args.images,

@@ -45,6 +45,7 @@ class AgentHub:
         self._sessions: dict[str, AgentSession] = {}
         self._ids = itertools.count(1)
         self._watchers: list[Callable[[str], None]] = []
+        self._arrivals: dict[str, list[asyncio.Event]] = {}
 
     def watch(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(node)`` whenever the node's agent attaches or goes."""
@@ -54,6 +55,29 @@ class AgentHub:
         for listener in self._watchers:
             listener(node)
 
+    async def attached_since(self, node: str, since: float, timeout: float) -> bool:
+        """Wait until the node's agent is one that registered at or after
+        ``since`` (Unix s): the agent of a boot that began then, not a session
+        of the boot before that has not yet been seen to end. False when none
+        has after ``timeout`` seconds."""
+        arrived = asyncio.Event()
+        waiting = self._arrivals.setdefault(node, [])
+        waiting.append(arrived)
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    session = self._sessions.get(node)
+                    if session is not None and session.attached_at >= since:
+                        return True
+                    await arrived.wait()
+                    arrived.clear()
+        except TimeoutError:
+            return False
+        finally:
+            waiting.remove(arrived)
+            if not waiting:
+                del self._arrivals[node]
+
     def attach(self, node: str, *, cert_expires_at: float | None = None) -> AgentSession:
         old = self._sessions.get(node)
         if old is not None:
@@ -61,6 +85,8 @@ class AgentHub:
             old.fail_pending(f"agent of node {node!r} reconnected")
         session = AgentSession(node, cert_expires_at=cert_expires_at)
         self._sessions[node] = session
+        for arrived in self._arrivals.get(node, ()):
+            arrived.set()
         self._changed(node)
         return session
 

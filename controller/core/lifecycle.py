@@ -55,7 +55,7 @@ from controller.core.agents import AgentHub
 from controller.core.allocations import mark_ready_if_prepared
 from controller.core.backoff import StepBackoff
 from controller.core.checks import CheckRunner, testing_reason
-from controller.core.errors import InvalidArgument, KilnError, NotFound, NotSupported
+from controller.core.errors import InvalidArgument, KilnError, NotFound, NotSupported, Unavailable
 from controller.core.model import AgentCommand
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
@@ -472,9 +472,12 @@ class Lifecycle:
         profile = self._profiles.get(profile_name) if profile_name else None
         changed: list[str] = []
         if profile is not None and (profile.firmware or profile.bios):
-            changed = await self._preparer.bmc_steps(
+            done = await self._preparer.bmc_steps(
                 await self._nodes.target(row), row.rack or row.name, profile
             )
+            changed = done.changed
+            if done.cycled_at is not None:
+                await self._await_new_boot(row.name, done.cycled_at)
         if profile is not None:
             command = AgentCommand("apply_profile", profile.gpu_yaml())
         else:
@@ -517,6 +520,21 @@ class Lifecycle:
             return True
 
         return await self._store.tx(write)
+
+    async def _await_new_boot(self, name: str, cycled_at: float) -> None:
+        """Wait for the agent of the boot the power cycle began: the old
+        boot's may still look connected, and what it applied is gone.
+
+        Raises:
+            Unavailable: no agent registered within the boot timeout.
+        """
+        timeout = self._preparer.limits.boot_timeout_s
+        await self._note(name, "power-cycled to apply firmware/BIOS; waiting for the node's agent")
+        if not await self._agents.attached_since(name, cycled_at, timeout):
+            raise Unavailable(
+                f"no agent registered within {timeout:.0f}s of the power cycle "
+                "that applied firmware/BIOS"
+            )
 
     async def _health_gate(self, name: str, gate: HealthGate, since: float) -> None:
         """Wait for a health sample taken after ``since`` and check it against ``gate``.

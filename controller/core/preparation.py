@@ -6,7 +6,11 @@
     2. BIOS      — stage the attributes that differ;
     3. reboot    — power-cycle through the BMC when BIOS or firmware changed,
                    then verify the BIOS attributes took effect;
-    4. GPUs      — the agent applies the GPU settings (done by the lifecycle);
+    4. GPUs      — the agent applies the GPU settings (done by the lifecycle),
+                   after a reboot the agent of the new boot: one that
+                   registered after the power cycle began, within
+                   ``boot_timeout_s`` (GPU settings sent to the old boot's
+                   agent would be lost with it);
     5. gate      — a fresh health sample must pass the profile's health gate.
 
 Each step checks before it changes and treats "already there" as done, so
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -44,6 +49,16 @@ class PrepLimits:
     prepare_per_rack: int = 8
     firmware_fleet: int = 16
     firmware_per_rack: int = 2
+    boot_timeout_s: float = 900.0  # from preparation's power cycle to the new agent
+
+
+@dataclass(frozen=True)
+class BmcStepsDone:
+    """What ``Preparer.bmc_steps`` changed, and when it power-cycled the node
+    (Unix s, taken before the cycle was asked for; None when it did not)."""
+
+    changed: list[str]
+    cycled_at: float | None = None
 
 
 class RackGates:
@@ -79,7 +94,7 @@ class Preparer:
         self.preparing = RackGates(self.limits.prepare_fleet, self.limits.prepare_per_rack)
         self.firmware = RackGates(self.limits.firmware_fleet, self.limits.firmware_per_rack)
 
-    async def bmc_steps(self, target: BmcTarget, rack: str, profile: Profile) -> list[str]:
+    async def bmc_steps(self, target: BmcTarget, rack: str, profile: Profile) -> BmcStepsDone:
         """Firmware, BIOS and the reboot they need. Returns what changed.
 
         Raises:
@@ -88,6 +103,7 @@ class Preparer:
         """
         changed: list[str] = []
         reboot = False
+        cycled_at: float | None = None
         if profile.firmware:
             updated = await self._firmware(target, rack, profile)
             changed += updated
@@ -98,11 +114,12 @@ class Preparer:
                 changed.append(f"BIOS staged: {', '.join(sorted(staged))}")
                 reboot = True
         if reboot:
+            cycled_at = time.time()
             await self._bmc.set_power(target, "cycle")
             changed.append("power-cycled to apply firmware/BIOS")
         if profile.bios:
             await self._verify_bios(target, profile)
-        return changed
+        return BmcStepsDone(changed, cycled_at)
 
     async def _firmware(self, target: BmcTarget, rack: str, profile: Profile) -> list[str]:
         versions = await self._bmc.firmware_versions(target)

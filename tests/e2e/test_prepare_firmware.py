@@ -84,6 +84,17 @@ async def test_firmware_and_bios_reach_the_baseline_before_the_node_is_ready(
     assert "firmware BIOS 1.0.0 → 1.1.0" in ready["changed"]
     assert any(c.startswith("BIOS staged: ProcTurboMode") for c in ready["changed"])
     assert "power-cycled to apply firmware/BIOS" in ready["changed"]
+    # The GPU settings went to the agent of the boot the power cycle began:
+    # sent to the old boot's agent, the reboot would have forgotten them.
+    nvml = fleet.nodes["h200-n01"].nvml
+    nvml.nvmlInit()
+    try:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        assert (
+            [nvml.nvmlDeviceGetPersistenceMode(h) for h in handles] == [1] * len(handles) == [1] * 8
+        )
+    finally:
+        nvml.nvmlShutdown()
 
 
 async def test_unreachable_baseline_quarantines_with_the_reason(
