@@ -130,6 +130,8 @@ async def one_round(args: argparse.Namespace) -> tuple[float, float]:
                     )
                 await fleet.start()
                 await asyncio.sleep(0.5)
+                await fleet.lifecycle.settle()
+                print(f"  {args.nodes} nodes ready; cycling", flush=True)
 
                 async def cycle() -> None:
                     alloc = await fleet.create_allocation(uuid.uuid4().hex, AllocationSpec(nodes=1))

@@ -18,6 +18,7 @@ from types import MappingProxyType
 
 from controller.core.errors import InvalidArgument, NotFound
 from controller.placement.model import NodeSpec
+from controller.placement.spec_layers import SpecLayers
 
 ANY_SCOPE = "any"
 
@@ -55,7 +56,9 @@ class Topology:
 
     __slots__ = (
         "_nodes",
+        "_parent_sched",
         "_spec",
+        "_touched",
         "dom_cap",
         "dom_gpus",
         "dom_id",
@@ -99,7 +102,12 @@ class Topology:
 
     def __init__(self) -> None:  # use Topology.build
         self._nodes: tuple[str, ...] = ()
-        self._spec: Mapping[str, NodeSpec] = MappingProxyType({})
+        self._spec: SpecLayers = SpecLayers({})
+        # Set by ``with_specs``: the parent's ``dom_sched`` and the domains
+        # re-indexed since it, so ``changed_domains`` against the parent
+        # costs what changed.
+        self._parent_sched: tuple[tuple[int, ...], ...] | None = None
+        self._touched: tuple[int, ...] = ()
 
     @classmethod
     def build(cls, nodes: Iterable[NodeSpec], generation: int = 0) -> Topology:
@@ -134,7 +142,7 @@ class Topology:
         order = sorted(by_dom, key=lambda d: (by_dom[d][0].spine, by_dom[d][0].leaf, d))
         self = cls()
         self.generation = generation
-        self._spec = MappingProxyType(spec)
+        self._spec = SpecLayers(spec)
         self.dom_name = tuple(order)
         dom_nodes = []
         dom_sched = []
@@ -179,11 +187,8 @@ class Topology:
             spec[n.name] = n
         if len(spec) != len(old):
             return None
-        new = Topology.__new__(Topology)
-        for name in Topology.__slots__:
-            setattr(new, name, getattr(self, name))
-        new.generation = generation
-        new._spec = MappingProxyType(spec)
+        new = self._next(generation)
+        new._spec = SpecLayers(spec)
         new.dom_sched = tuple(
             tuple(i for i, name in enumerate(names) if spec[name].schedulable)
             for names in self.dom_nodes
@@ -195,25 +200,35 @@ class Topology:
         (nodes already in it, in the same places) taking their new
         schedulability, as a new generation; only their domains are
         re-indexed. None when one of them is new or moved: ``build``."""
-        spec = dict(self._spec)
+        old = self._spec
+        spec: dict[str, NodeSpec] = {}
         touched: set[int] = set()
         for n in changed:
-            was = spec.get(n.name)
+            was = old.get(n.name)
             if was is None or not _same_place(was, n):
                 return None
             spec[n.name] = n
             touched.add(self.loc[n.name][0])
+        new = self._next(generation)
+        new._spec = old.replaced(spec)
+        sched = list(self.dom_sched)
+        for d in touched:
+            sched[d] = tuple(
+                i for i, name in enumerate(self.dom_nodes[d]) if new._spec[name].schedulable
+            )
+        new.dom_sched = tuple(sched)
+        new._parent_sched = self.dom_sched
+        new._touched = tuple(sorted(touched))
+        return new
+
+    def _next(self, generation: int) -> Topology:
+        """A copy sharing everything, as ``generation``, with no parent."""
         new = Topology.__new__(Topology)
         for name in Topology.__slots__:
             setattr(new, name, getattr(self, name))
         new.generation = generation
-        new._spec = MappingProxyType(spec)
-        sched = list(self.dom_sched)
-        for d in touched:
-            sched[d] = tuple(
-                i for i, name in enumerate(self.dom_nodes[d]) if spec[name].schedulable
-            )
-        new.dom_sched = tuple(sched)
+        new._parent_sched = None
+        new._touched = ()
         return new
 
     def _index_scopes(self) -> None:
@@ -243,8 +258,10 @@ class Topology:
     def changed_domains(self, other: Topology) -> list[int]:
         """The domains whose schedulable nodes differ from ``other``'s, one of
         the same shape (``rescheduled``)."""
+        if other.dom_sched is self._parent_sched:  # one ``with_specs`` apart
+            return [d for d in self._touched if self.dom_sched[d] != other.dom_sched[d]]
         pairs = zip(self.dom_sched, other.dom_sched, strict=True)
-        return [d for d, (a, b) in enumerate(pairs) if a != b]
+        return [d for d, (a, b) in enumerate(pairs) if a is not b and a != b]
 
     @property
     def nodes(self) -> tuple[str, ...]:

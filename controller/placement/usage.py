@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from controller.core.errors import FailedPrecondition, NotFound
+from controller.placement.layered_set import LayeredSet
 from controller.placement.model import Booking
 from controller.placement.topology import Topology
 
@@ -59,8 +60,8 @@ class Usage:
 
     topology: Topology
     dom: list[DomState]
-    avail: dict[BucketKey, set[int]]
-    pristine: dict[BucketKey, set[int]]
+    avail: dict[BucketKey, LayeredSet]
+    pristine: dict[BucketKey, LayeredSet]
     hist: dict[Key, list[int]]
     phist: dict[Key, list[int]]
     whole: dict[Key, int]
@@ -147,7 +148,8 @@ class Usage:
         wanted = {b.key: b for b in bookings}
         u = self._clone()
         for key, held in self._bookings.items():
-            if wanted.get(key) != held:
+            now = wanted.get(key)
+            if now is not held and now != held:
                 u._remove(key)
         if topology is not self.topology:
             u.topology = topology
@@ -271,15 +273,29 @@ class Usage:
         self.dom[d] = new
         self._index(d, new, +1)
 
-    def _own(self, container: dict, key: object, factory: type) -> object:  # type: ignore[type-arg]
-        cur = container.get(key)
+    def _own_bucket(self, buckets: dict[BucketKey, LayeredSet], key: BucketKey) -> LayeredSet:
+        """``buckets[key]``, this instance's own to change (copied once)."""
+        cur = buckets.get(key)
         if cur is None:
-            cur = factory()
+            cur = LayeredSet()
         elif id(cur) not in self._mine:
-            cur = factory(cur)
+            cur = cur.copy()
         else:
             return cur
-        container[key] = cur
+        buckets[key] = cur
+        self._mine.add(id(cur))
+        return cur
+
+    def _own_hist(self, hists: dict[Key, list[int]], key: Key) -> list[int]:
+        """``hists[key]``, this instance's own to change (copied once)."""
+        cur = hists.get(key)
+        if cur is None:
+            cur = []
+        elif id(cur) not in self._mine:
+            cur = list(cur)
+        else:
+            return cur
+        hists[key] = cur
         self._mine.add(id(cur))
         return cur
 
@@ -291,22 +307,18 @@ class Usage:
         pristine = st.booked == 0 and f > 0
         whole = pristine and t.dom_is_rack[d] and f == t.dom_cap[d]
         if avail:
-            s = self._own(self.avail, (m, f), set)
-            assert isinstance(s, set)
+            s = self._own_bucket(self.avail, (m, f))
             s.add(d) if sign > 0 else s.discard(d)
         if pristine:
-            s = self._own(self.pristine, (m, f), set)
-            assert isinstance(s, set)
+            s = self._own_bucket(self.pristine, (m, f))
             s.add(d) if sign > 0 else s.discard(d)
         for scope in t.dom_scopes[d]:
             k = (m, scope)
             if avail:
-                h = self._own(self.hist, k, list)
-                assert isinstance(h, list)
+                h = self._own_hist(self.hist, k)
                 h[f] += sign
             if pristine:
-                h = self._own(self.phist, k, list)
-                assert isinstance(h, list)
+                h = self._own_hist(self.phist, k)
                 h[f] += sign
             if whole:
                 self.whole[k] += sign
