@@ -21,6 +21,10 @@ event loop and the database thread), SQL statements and commits per cycle;
 the floor's units/s and CPU per unit; and the ratio.
 
     python bench/allocation_core.py [--nodes 100] [--clients 8] [--seconds 5] [--rounds 3]
+                                    [--held 0]
+
+``--held N`` opens N one-node allocations first and keeps them through the
+round: running jobs, which every scheduling pass walks.
 """
 
 from __future__ import annotations
@@ -112,6 +116,19 @@ async def timed(clients: int, seconds: float, body: Any) -> tuple[int, float, fl
     return done, t1 - t0, c1 - c0, busiest
 
 
+async def hold(fleet: Fleet, count: int) -> int:
+    """Open ``count`` one-node allocations that stay held through the round
+    (jobs running beside the cycles, which every scheduling pass sees)."""
+    gate = asyncio.Semaphore(16)
+
+    async def one() -> None:
+        async with gate:
+            await fleet.create_allocation(uuid.uuid4().hex, AllocationSpec(nodes=1))
+
+    await asyncio.gather(*(one() for _ in range(count)))
+    return count
+
+
 async def one_round(args: argparse.Namespace) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="kiln-alloc-core-") as tmp:
         engine = open_engine(default_sqlite_url(Path(tmp)))
@@ -131,7 +148,11 @@ async def one_round(args: argparse.Namespace) -> tuple[float, float]:
                 await fleet.start()
                 await asyncio.sleep(0.5)
                 await fleet.lifecycle.settle()
-                print(f"  {args.nodes} nodes ready; cycling", flush=True)
+                held = await hold(fleet, args.held)
+                print(
+                    f"  {args.nodes} nodes ready, {held} held by open allocations; cycling",
+                    flush=True,
+                )
 
                 async def cycle() -> None:
                     alloc = await fleet.create_allocation(uuid.uuid4().hex, AllocationSpec(nodes=1))
@@ -172,7 +193,8 @@ async def one_round(args: argparse.Namespace) -> tuple[float, float]:
 async def amain(args: argparse.Namespace) -> None:
     print(
         f"allocation cycles through the core on SQLite: {args.nodes} nodes, {args.clients} "
-        f"clients, {args.seconds:g} s a round, {args.rounds} rounds (no gRPC: the fakes of "
+        f"clients, {args.seconds:g} s a round, {args.rounds} rounds, {args.held} allocations "
+        "held (no gRPC: the fakes of "
         "tests/core play BMCs and agents)",
         flush=True,
     )
@@ -192,6 +214,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--held", type=int, default=0, help="one-node allocations held open through each round"
+    )
     asyncio.run(amain(parser.parse_args()))
 
 

@@ -52,7 +52,12 @@ class AllocationView:
         self._closed: OrderedDict[str, AllocationRecord] = OrderedDict()
         self._keys: dict[str, str] = {}  # idempotency key -> id, for what is held here
         self._pending: set[str] = set()
-        self._queue: list[AllocationRecord] | None = []  # open, in queue order; None: stale
+        # ``_open`` is kept in queue order (submitted, then id) as commits
+        # arrive, new requests last, so a pass's ``open`` is a copy, not a
+        # sort of thousands of running jobs; one that arrives out of order
+        # (a load, a commit landing during it) has it sorted at the next read.
+        self._in_order = True
+        self._last: tuple[int, str] | None = None  # the queue order of ``_open``'s last
         self._during_load: list[Mapping[str, AllocationRecord]] | None = None
         self.ready = False
 
@@ -73,6 +78,7 @@ class AllocationView:
         """Take the open allocations as loaded, then every commit seen since
         ``begin_load``."""
         self._open, self._closed, self._keys, self._pending = {}, OrderedDict(), {}, set()
+        self._in_order, self._last = True, None
         self._apply({a.id: a for a in open_allocations})
         late, self._during_load = self._during_load or [], None
         self.ready = True
@@ -83,7 +89,7 @@ class AllocationView:
         for ident, record in saved.items():
             if record.state in OPEN:
                 self._closed.pop(ident, None)
-                self._open[ident] = record
+                self._place(ident, record)
             else:
                 self._open.pop(ident, None)
                 self._closed[ident] = record
@@ -93,12 +99,23 @@ class AllocationView:
                 self._pending.add(ident)
             else:
                 self._pending.discard(ident)
-        if saved:
-            self._queue = None
         while len(self._closed) > self._closed_kept:
             ident, gone = self._closed.popitem(last=False)
             if self._keys.get(gone.key) == ident:
                 del self._keys[gone.key]
+
+    def _place(self, ident: str, record: AllocationRecord) -> None:
+        """Put the open ``record`` in ``_open``, noting when that breaks the order."""
+        order = (record.submitted, record.id)
+        was = self._open.get(ident)
+        if was is not None:  # keeps its place, if its place is the same
+            if (was.submitted, was.id) != order:
+                self._in_order = False
+        elif self._last is not None and order < self._last:
+            self._in_order = False
+        else:
+            self._last = order
+        self._open[ident] = record
 
     # -- reads -----------------------------------------------------------------
 
@@ -121,9 +138,12 @@ class AllocationView:
 
     def open(self) -> list[AllocationRecord]:
         """Every open allocation, in queue order (submitted, then id)."""
-        if self._queue is None:
-            self._queue = sorted(self._open.values(), key=lambda a: (a.submitted, a.id))
-        return list(self._queue)
+        if not self._in_order:
+            queue = sorted(self._open.values(), key=lambda a: (a.submitted, a.id))
+            self._open = {a.id: a for a in queue}
+            self._in_order = True
+            self._last = (queue[-1].submitted, queue[-1].id) if queue else None
+        return list(self._open.values())
 
     def pending(self) -> bool:
         """Whether any allocation waits (a scheduling pass has work)."""

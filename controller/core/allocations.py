@@ -210,6 +210,11 @@ class Allocations:
         self._topology: Topology | None = None
         self._topology_key: tuple[NodeSpec, ...] = ()
         self._usage: Usage | None = None  # the last pass's bookings, over its topology
+        # The last pass's booking of each holding allocation, with the record
+        # it was made from (the view replaces a record when a commit saves
+        # it), over the nodes of the topology it was made for.
+        self._booked: dict[str, tuple[AllocationRecord, Booking]] = {}
+        self._booked_over: object = None
         self._generation = 0
         # Whether a spec could ever fit, while the fleet's inventory is as it was.
         self._fits: dict[AllocationSpec, KilnError | None] = {}
@@ -314,6 +319,22 @@ class Allocations:
     def _gpus_of(self, name: str) -> int:
         spec = self.specs.specs.get(name)
         return spec.gpus if spec is not None else 0
+
+    def _bookings_of(self, topology: Topology, active: list[AllocationRecord]) -> list[Booking]:
+        """The bookings of the holding allocations, each made again only when
+        its record changed: a pass walks thousands of running jobs, and
+        building every booking anew was most of its time. A topology built
+        anew (a node's GPUs may have changed) makes them all again."""
+        if self._booked_over is not topology.dom_nodes:
+            self._booked, self._booked_over = {}, topology.dom_nodes
+        before, now = self._booked, {}
+        for alloc in active:
+            hit = before.get(alloc.id)
+            if hit is None or hit[0] is not alloc:
+                hit = (alloc, to_booking(alloc, self._gpus_of))
+            now[alloc.id] = hit
+        self._booked = now
+        return [booking for _, booking in now.values()]
 
     def _usage_of(self, topology: Topology, bookings: list[Booking]) -> Usage:
         """The bookings over ``topology``, from the last pass's overlay
@@ -552,7 +573,7 @@ class Allocations:
         pending += fresh.values()
         await self._nodes.loaded()
         topology = self._current()
-        usage = self._usage_of(topology, [to_booking(a, self._gpus_of) for a in active])
+        usage = self._usage_of(topology, self._bookings_of(topology, active))
         result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
         waiting, rejected = result.waiting, result.rejected
         if waiting or rejected:  # why they wait, from the whole fleet

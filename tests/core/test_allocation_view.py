@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -204,3 +205,38 @@ async def test_events_written_in_a_unit_are_read_back_in_it_and_keep_their_order
     assert [e.reason for e in events] == ["one", "two", "three", "three"]
     assert [e.seq for e in events] == sorted(e.seq for e in events)
     assert len({e.seq for e in events}) == 4
+
+
+def test_the_queue_stays_in_order_through_random_commits() -> None:
+    """Arrivals mostly in order, some not (a restart's load, a commit during
+    it), updates and closes: ``open`` is always the sort of what is open."""
+    rng = random.Random(4)
+    view = AllocationView()
+    view.install([])
+    model: dict[str, AllocationRecord] = {}
+    submitted = 0
+    for step in range(2000):
+        roll = rng.random()
+        if roll < 0.45 or not model:
+            submitted += 1
+            late = rng.random() < 0.05  # out of order
+            order = submitted - rng.randint(1, 50) if late else submitted
+            ident = f"a{step:05d}"
+            rec = _alloc(ident, AllocationState.PENDING, order)
+        elif roll < 0.75:
+            ident = rng.choice(sorted(model))
+            rec = _alloc(ident, AllocationState.READY, model[ident].submitted)
+        else:
+            ident = rng.choice(sorted(model))
+            rec = _alloc(ident, AllocationState.RELEASED, model[ident].submitted)
+        view.committed({ident: rec})
+        if rec.state == AllocationState.RELEASED:
+            model.pop(ident, None)
+        else:
+            model[ident] = rec
+        if step % 7 == 0:
+            want = sorted(model.values(), key=lambda a: (a.submitted, a.id))
+            assert view.open() == want
+    assert [a.id for a in view.open()] == [
+        a.id for a in sorted(model.values(), key=lambda a: (a.submitted, a.id))
+    ]

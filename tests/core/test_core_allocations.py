@@ -257,3 +257,29 @@ async def test_a_pass_that_fails_fails_its_requests_and_stores_none(
     retried = await f.create_allocation("a", AllocationSpec(nodes=1))
     assert retried.state == AllocationState.READY
     assert [a.key for a in await f.list_allocations()] == ["a"]
+
+
+async def test_a_pass_remakes_only_the_bookings_whose_allocation_changed(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    """Bookings of running jobs are kept between passes (a pass walks every
+    one): an allocation saved again gets a new booking, the others keep
+    theirs, and their content always matches the allocation."""
+    f, racks = fleet
+    await racks.add(TRAYS, rack="r1")
+    first = await f.create_allocation("job-1", AllocationSpec(nodes=1))
+    second = await f.create_allocation("job-2", AllocationSpec(nodes=1))
+    booked = dict(f.allocations._booked)
+    assert set(booked) >= {first.id}  # the second's pass booked the first
+    await f.create_allocation("job-3", AllocationSpec(nodes=1))
+    kept = f.allocations._booked
+    assert kept[first.id][1] is booked[first.id][1], "an unchanged allocation was booked anew"
+    assert kept[second.id][1].nodes == second.nodes
+    await f.release(second.id)
+    await f.create_allocation("job-4", AllocationSpec(nodes=1))
+    after = f.allocations._booked
+    assert second.id not in after and after[first.id][1] is booked[first.id][1]
+    for ident, (record, booking) in after.items():
+        alloc = await f.get_allocation(ident)
+        assert booking.nodes == alloc.nodes and record.id == ident
+        assert booking.gpus == 4 * len(alloc.nodes)
