@@ -70,6 +70,8 @@ from controller.core.unreadable import say_nodes
 
 log = logging.getLogger(__name__)
 
+IDLE_MAX_DELAY_S = 600.0  # longest wait between looks at a node waiting for its agent
+
 S = NodeState
 
 # Drains that end a node's service: its job gets a replacement at once.
@@ -168,6 +170,11 @@ class Lifecycle:
         # Public so that tests and the wiring may tune them.
         self.retry = retry or RetryPolicy()
         self.step_backoff = step_backoff or StepBackoff()
+        # A node that waits for its agent is poked when the agent registers;
+        # until then it is looked at again (its power read through its BMC)
+        # at most every 10 minutes, not every minute: 22,500 such nodes cost
+        # a core at the failure backoff's cap.
+        self.idle_backoff = StepBackoff(max_delay_s=IDLE_MAX_DELAY_S)
         self.clock = clock
         self._rng = rng or random.Random()
         self._backoff: dict[str, _Backoff] = {}
@@ -304,7 +311,8 @@ class Lifecycle:
         if backoff is None or backoff.state != row.state:
             backoff = self._backoff[row.name] = _Backoff(row.state)
         backoff.failures += 1
-        delay = self.step_backoff.delay(backoff.failures, self._rng)
+        policy = self.idle_backoff if idle else self.step_backoff
+        delay = policy.delay(backoff.failures, self._rng)
         if row.name in self._poked:
             delay = 0.0  # poked while this step ran: look again on the next pass
         backoff.retry_at = self.clock() + delay
@@ -400,7 +408,9 @@ class Lifecycle:
         elif power != row.power:
             await self._nodes.power(row.name, "status")
         if not self._agents.is_connected(row.name) or row.gpu_count == 0:
-            await self._note(row.name, "powered on; waiting for the node's agent to register")
+            waiting = "powered on; waiting for the node's agent to register"
+            if row.state_reason != waiting:
+                await self._note(row.name, waiting)
             self._back_off(row, idle=True)  # its registration pokes the node
             return False
         if self._checks is not None:
@@ -417,7 +427,9 @@ class Lifecycle:
         """One preparation attempt. Never raises: a failure is counted (see
         ``_preparation_failed``) and the next attempt waits its backoff."""
         if not self._agents.is_connected(row.name):
-            await self._note(row.name, "waiting for the node's agent to prepare the GPUs")
+            waiting = "waiting for the node's agent to prepare the GPUs"
+            if row.state_reason != waiting:
+                await self._note(row.name, waiting)
             self._back_off(row, idle=True)  # its registration pokes the node
             return False
         profile_name = row.wanted_profile

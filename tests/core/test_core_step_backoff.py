@@ -77,12 +77,37 @@ async def test_a_node_waiting_for_its_agent_is_not_polled_every_pass(
     fleet = make_fleet()
     clock = FakeClock()
     fleet.lifecycle.clock = clock
-    fleet.lifecycle.step_backoff = StepBackoff(first_delay_s=1, max_delay_s=8, jitter=0)
+    fleet.lifecycle.idle_backoff = StepBackoff(first_delay_s=1, max_delay_s=8, jitter=0)
     bmc.power["quiet"] = "on"
     await enroll(fleet, "quiet")
     tried = await tries(fleet, bmc, clock, "quiet", 40)
     assert len(tried) <= 8  # 40 passes, at most every 8 s once backed off
     assert "waiting for the node's agent" in (await fleet.get_node("quiet")).state_reason
+
+
+@pytest.mark.timeout(60)
+async def test_waiting_for_an_agent_backs_off_past_the_failure_cap_and_writes_once(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc
+) -> None:
+    """An agent's registration pokes its node, so a node waiting for one is
+    looked at (its power read through its BMC) ever less often, up to the idle
+    cap, beyond the failure backoff's; its reason is written once, not at
+    every look."""
+    fleet = make_fleet()
+    clock = FakeClock()
+    fleet.lifecycle.clock = clock
+    fleet.lifecycle.step_backoff = StepBackoff(first_delay_s=1, max_delay_s=4, jitter=0)
+    fleet.lifecycle.idle_backoff = StepBackoff(first_delay_s=1, max_delay_s=32, jitter=0)
+    bmc.power["quiet"] = "on"
+    await enroll(fleet, "quiet")
+    await fleet.lifecycle.reconcile_once()
+    await fleet.lifecycle.settle()
+    events = len(await fleet.events.since(0, node="quiet"))
+    tried = await tries(fleet, bmc, clock, "quiet", 130)
+    assert gaps(tried)[-2:] == [32, 32], tried  # the idle cap, not the failure cap of 4
+    assert len(await fleet.events.since(0, node="quiet")) == events  # no rewrite, no event
+    node = await fleet.get_node("quiet")
+    assert node.state_reason == "powered on; waiting for the node's agent to register"
 
 
 @pytest.mark.timeout(60)
