@@ -224,7 +224,18 @@ class CrashHarness:
         if state == "preparing" and self.ledger.acked:  # past bring-up: ask for a preparation
             await driver.create(*self.rng.choice([s for s in SPECS if s[1].profile]))
         if state == "releasing" and self.ledger.active():  # give nodes back to reset
-            await driver.release(self.rng.choice(self.ledger.active()))
+            # A ready one: the nodes of one still preparing go back to their
+            # baseline without passing through releasing (on a loaded machine
+            # every pick could be one, and the moment never came).
+            try:
+                listed = await every_page_async(
+                    stub.ListAllocations, fleet_pb2.ListAllocationsRequest(), "allocations"
+                )
+            except grpc.aio.AioRpcError:
+                listed = []
+            ready = {a.id for a in listed if a.state == fleet_pb2.ALLOCATION_STATE_READY}
+            active = self.ledger.active()
+            await driver.release(self.rng.choice([a for a in active if a in ready] or active))
         while time.monotonic() < deadline:
             try:
                 nodes = await every_page_async(
