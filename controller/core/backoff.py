@@ -21,3 +21,7 @@ class StepBackoff:
     def delay(self, failures: int, rng: random.Random) -> float:
         base = min(self.max_delay_s, self.first_delay_s * 2 ** max(0, failures - 1))
         return base * (1.0 - self.jitter * rng.random())
+
+    def longest(self, rng: random.Random) -> float:
+        """The capped delay, jittered: for a wait that something else ends."""
+        return self.max_delay_s * (1.0 - self.jitter * rng.random())

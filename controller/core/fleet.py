@@ -204,6 +204,7 @@ class Fleet:
             bmc,
             interval=power_sync_interval,
             on_change=self.allocations.schedule_pass,  # a BMC answering again frees a node
+            on_node_changed=self.lifecycle.poke,
             meter=self.meter,
         )
         self.leaks = LeakWatcher(

@@ -30,20 +30,25 @@ Each pass looks at every node and takes the one next step its state calls for:
 Every step is idempotent and every state is persisted before its work starts,
 so a controller killed at any point resumes where it was on the next pass.
 
-A pass reads only the nodes in a state that calls for a step (``STEPPING``,
-by the state index), so idle ready, allocated and out-of-service nodes cost
-nothing however many there are. A node whose step fails (its BMC does not
-answer, say) or makes no progress (waiting for its agent) waits before its
-next step, longer after each (``StepBackoff``: doubling, capped, jittered); a
-change that may unblock it (its agent registers, an operator acts) clears the
-wait (``poke``). Capacity that appears without a step of the lifecycle's own
-(a BMC answering again) is reported by power sync.
+A pass looks only at the nodes that may be due a step: those saved or
+removed since the last pass (the node view's feed), those whose backoff ended
+(a heap of deadlines), and those whose step finished or that were poked. So
+idle ready, allocated and out-of-service nodes cost nothing however many
+there are, and neither do nodes waiting out a backoff: 22,500 nodes waiting
+for their agents cost a pass only the few whose wait ends. A node whose step
+fails (its BMC does not answer, say) or makes no progress (waiting for its
+agent) waits before its next step, longer after each (``StepBackoff``:
+doubling, capped, jittered); a change that may unblock it (its agent
+registers, an operator acts) clears the wait (``poke``). Capacity that
+appears without a step of the lifecycle's own (a BMC answering again) is
+reported by power sync.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import random
 import re
@@ -57,6 +62,7 @@ from controller.core.backoff import StepBackoff
 from controller.core.checks import CheckRunner, testing_reason
 from controller.core.errors import InvalidArgument, KilnError, NotFound, NotSupported, Unavailable
 from controller.core.model import AgentCommand
+from controller.core.node_view import NodeFeed, NodeView
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.preparation import PreparationFailed, Preparer, gate_problems
@@ -115,6 +121,7 @@ STEPPING = (
     S.TESTING,
     S.PROVISIONING,
 )
+_STEPPING = frozenset(STEPPING)
 
 
 @dataclass
@@ -180,6 +187,12 @@ class Lifecycle:
         self._backoff: dict[str, _Backoff] = {}
         self._failed_steps: list[tuple[str, str]] = []  # node, why: said on the next pass
         self._poked: set[str] = set()  # poked while a step of theirs ran
+        # What the next pass looks at, beside the view's feed of saved nodes:
+        # steps that finished or nodes poked, and the ends of backoffs.
+        self._feed: NodeFeed | None = None
+        self._look_again: set[str] = set()
+        self._timers: list[tuple[float, str]] = []  # (retry_at, node), a heap
+        self.looked = 0  # nodes looked at by all passes (tests, benchmarks)
         self._steps = BackgroundTasks()
         self._wake = asyncio.Event()
 
@@ -193,6 +206,7 @@ class Lifecycle:
         saw the node from before the change."""
         if node in self._busy:
             self._poked.add(node)
+        self._look_again.add(node)
         backoff = self._backoff.get(node)
         if backoff is not None and backoff.state != S.PREPARING:
             del self._backoff[node]  # preparation attempts still count
@@ -203,6 +217,7 @@ class Lifecycle:
     def forget(self, node: str) -> None:
         """Drop a removed node's backoff."""
         self._backoff.pop(node, None)
+        self._look_again.discard(node)
 
     def waiting(self, node: str) -> float:
         """Seconds until the node's next step may run (0: not backing off)."""
@@ -223,23 +238,44 @@ class Lifecycle:
                 pass
 
     async def reconcile_once(self) -> None:
-        """Start one step for every node in a state that calls for one, not
-        busy and not waiting out a backoff."""
+        """Start one step for every node due one: in a state that calls for a
+        step, not busy and not waiting out a backoff. Looks only at the nodes
+        that may have become due since the last pass (the module docstring)."""
         self._say_failed_steps()
-        records = await self._nodes.records_in(STEPPING)
-        states = {n.name: n.state for n in records}
-        for name, counted in list(self._backoff.items()):
-            if states.get(name) != counted.state:  # moved on: a fresh start
-                del self._backoff[name]
+        view = await self._nodes.loaded()
+        if self._feed is None:
+            self._feed = view.watch()
+        everything, names = self._feed.take()
+        if everything:  # the first pass, or the view was loaded anew
+            names = {n.name for n in view.in_states(STEPPING)} | set(self._backoff)
+        names |= self._look_again
+        self._look_again = set()
         now = self.clock()
-        for node in records:
-            if node.name in self._busy:
-                continue
-            backoff = self._backoff.get(node.name)
-            if backoff is not None and now < backoff.retry_at:
-                continue
-            self._busy.add(node.name)
-            self._steps.spawn(self._step_guarded(node))
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            names.add(heapq.heappop(timers)[1])
+        self.looked += len(names)
+        for name in sorted(names):
+            node = self._due(view, name, now)
+            if node is not None:
+                self._busy.add(name)
+                self._steps.spawn(self._step_guarded(node))
+
+    def _due(self, view: NodeView, name: str, now: float) -> NodeRecord | None:
+        """The node, when a step of it may start now. A node not due now is
+        looked at again when that may change: its step ends (busy), its
+        backoff ends (a timer), or it is saved (the feed)."""
+        node = view.get(name)
+        backoff = self._backoff.get(name)
+        if node is None or node.state not in _STEPPING:
+            if backoff is not None:
+                del self._backoff[name]
+            return None
+        if backoff is not None and backoff.state != node.state:  # moved on: a fresh start
+            del self._backoff[name]
+        elif backoff is not None and now < backoff.retry_at:
+            return None
+        return None if name in self._busy else node
 
     def _say_failed_steps(self) -> None:
         """One warning line for the steps that failed since the last."""
@@ -292,6 +328,7 @@ class Lifecycle:
                 self._back_off(await self._current(row), idle=False)
         finally:
             self._busy.discard(row.name)
+            self._look_again.add(row.name)  # due again unless it backed off or moved
             if row.name in self._poked:
                 self._poked.discard(row.name)
                 self.wake()  # the pass its poke woke skipped it, busy
@@ -303,20 +340,28 @@ class Lifecycle:
         except NotFound:
             return row
 
-    def _back_off(self, row: NodeRecord, *, idle: bool) -> tuple[int, float]:
+    def _back_off(self, row: NodeRecord, *, idle: bool, longest: bool = False) -> tuple[int, float]:
         """Count a step that failed (or, ``idle``, made no progress) and set
         when the node may step again; returns (steps in a row, the delay).
-        Preparation counts its own attempts (``_preparation_failed``)."""
+        ``longest``: wait the idle cap at once (what the node waits for will
+        poke it). Preparation counts its own attempts (``_preparation_failed``)."""
         backoff = self._backoff.get(row.name)
         if backoff is None or backoff.state != row.state:
             backoff = self._backoff[row.name] = _Backoff(row.state)
         backoff.failures += 1
         policy = self.idle_backoff if idle else self.step_backoff
-        delay = policy.delay(backoff.failures, self._rng)
+        if longest:
+            delay = policy.longest(self._rng)
+        else:
+            delay = policy.delay(backoff.failures, self._rng)
         if row.name in self._poked:
             delay = 0.0  # poked while this step ran: look again on the next pass
-        backoff.retry_at = self.clock() + delay
+        self._wait(row.name, backoff, delay)
         return backoff.failures, delay
+
+    def _wait(self, name: str, backoff: _Backoff, delay: float) -> None:
+        backoff.retry_at = self.clock() + delay
+        heapq.heappush(self._timers, (backoff.retry_at, name))
 
     async def _step(self, row: NodeRecord) -> bool:
         """Take one step; True when the node just became ready."""
@@ -411,7 +456,10 @@ class Lifecycle:
             waiting = "powered on; waiting for the node's agent to register"
             if row.state_reason != waiting:
                 await self._note(row.name, waiting)
-            self._back_off(row, idle=True)  # its registration pokes the node
+            # Its registration pokes the node, and power sync's reading saves
+            # it (so the view's feed brings it back) if the power goes off:
+            # once the BMC says on, looking again is only a fallback.
+            self._back_off(row, idle=True, longest=power == PowerState.ON)
             return False
         if self._checks is not None:
             passed_before = await self._checks.ever_passed(row.name)
@@ -460,7 +508,7 @@ class Lifecycle:
                 await self._on_node_failed(name, f"preparation failed: {error}")
             return
         delay = self.retry.delay(n)
-        backoff.retry_at = self.clock() + delay
+        self._wait(name, backoff, delay)
         log.warning(
             "node %s: preparation attempt %d of %d failed, next in %.0fs: %s",
             name,

@@ -59,6 +59,30 @@ def inventory_key(node: NodeRecord) -> tuple[object, ...]:
     )
 
 
+class NodeFeed:
+    """The names of the nodes saved or removed since the last ``take``, for a
+    reader that keeps its own index of the fleet (the lifecycle's due nodes)
+    and so needs only what changed. Starts as "everything": the reader's
+    first take, and any after a load, is told to look at the whole view."""
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+        self._everything = True
+
+    def saw(self, names: Iterable[str]) -> None:
+        self._names.update(names)
+
+    def saw_everything(self) -> None:
+        self._everything = True
+        self._names = set()
+
+    def take(self) -> tuple[bool, set[str]]:
+        """(whether to look at every node, the names changed since the last take)."""
+        found = self._everything, self._names
+        self._everything, self._names = False, set()
+        return found
+
+
 class NodeView:
     """See the module docstring."""
 
@@ -72,6 +96,13 @@ class NodeView:
         # Bumped when a node is added or its inventory (``inventory_key``)
         # changes: what could ever fit the fleet depends on nothing else.
         self.inventory_version = 0
+        self._feeds: list[NodeFeed] = []
+
+    def watch(self) -> NodeFeed:
+        """A feed of the names each commit saves or removes from now on."""
+        feed = NodeFeed()
+        self._feeds.append(feed)
+        return feed
 
     # -- keeping it current ----------------------------------------------------
 
@@ -97,10 +128,15 @@ class NodeView:
         late, self._during_load = self._during_load or [], None
         self.ready = True
         self.inventory_version += 1
+        for feed in self._feeds:
+            feed.saw_everything()
         for changes in late:
             self._apply(changes)
 
     def _apply(self, changes: NodeChanges) -> None:
+        for feed in self._feeds:
+            feed.saw(changes.saved)
+            feed.saw(changes.removed)
         for name, record in changes.saved.items():
             before = self._records.get(name)
             if before is None:

@@ -71,9 +71,14 @@ class PowerSync:
         interval: float = 60.0,
         concurrency: int = 256,
         on_change: Callable[[], Awaitable[None]] | None = None,
+        on_node_changed: Callable[[str], None] | None = None,
         meter: Meter | None = None,
     ) -> None:
+        """``on_change``: after a pass that wrote a node; ``on_node_changed``:
+        for each node written (the lifecycle looks at it again: a node waiting
+        for its agent that lost power is powered on at once)."""
         self._store = store
+        self._on_node_changed = on_node_changed
         self._meter: Meter = meter or NullMeter()
         self._on_change = on_change
         self.rows_written = 0  # by the last pass
@@ -99,24 +104,28 @@ class PowerSync:
         polled = await self._bmc.poll_power(targets, self.concurrency)
         drifted, written = await self._store.tx(lambda tx: self._apply(tx, polled))
         self.last_pass_seconds = time.monotonic() - started
-        self.rows_written = written
-        self._meter.power_sync_pass(self.last_pass_seconds, written)
+        self.rows_written = len(written)
+        self._meter.power_sync_pass(self.last_pass_seconds, len(written))
         log.info(
             "power sync: %d BMCs in %.1fs, %d changed, %d not as expected",
             len(nodes),
             self.last_pass_seconds,
-            written,
+            len(written),
             len(drifted),
         )
+        if self._on_node_changed is not None:
+            for name in written:
+                self._on_node_changed(name)
         if written and self._on_change is not None:
             await self._on_change()  # e.g. a node held back by its BMC is free again
         return drifted
 
     @staticmethod
-    def _apply(tx: Tx, polled: dict[str, tuple[str | None, str]]) -> tuple[list[str], int]:
+    def _apply(tx: Tx, polled: dict[str, tuple[str | None, str]]) -> tuple[list[str], list[str]]:
         """Fold the readings in; only nodes whose power or BMC health changed
         are written. Returns (the nodes not as expected, the nodes written)."""
-        drifted, written = [], 0
+        drifted: list[str] = []
+        written: list[str] = []
         for name, (power, health) in polled.items():
             node = tx.nodes.get(name)
             if node is None:
@@ -127,7 +136,7 @@ class PowerSync:
                 if want is not None and reading != want:
                     drifted.append(name)  # still drifted: told when it changed
                 continue
-            written += 1
+            written.append(name)
             if power is None:  # unreadable: only the BMC's health changes
                 node.bmc_health = health
                 tx.nodes.save(node)

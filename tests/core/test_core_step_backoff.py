@@ -9,10 +9,11 @@ import random
 from collections.abc import Callable
 
 import pytest
+from core_builders import set_fields
 from core_fakes import FakeBmc
 
 from controller.core.fleet import Fleet
-from controller.core.lifecycle import STEPPING, StepBackoff
+from controller.core.lifecycle import StepBackoff
 from controller.core.model import EnrollSpec
 from controller.core.states import NodeState
 
@@ -121,25 +122,59 @@ async def test_the_jitter_spreads_retries_within_bounds() -> None:
 
 
 @pytest.mark.timeout(60)
-async def test_a_pass_reads_only_nodes_that_need_a_step(
-    make_fleet: Callable[..., Fleet], monkeypatch: pytest.MonkeyPatch
+async def test_a_pass_looks_only_at_nodes_that_may_be_due(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Nodes in a state that calls for no step, and nodes waiting out a
+    backoff, cost a pass nothing: it looks at the nodes saved since the last
+    pass, those whose wait ended and those whose step finished."""
     fleet = make_fleet()
-    asked: list[tuple[NodeState, ...]] = []
-    real = fleet.nodes.records_in
-
-    async def spy(states: tuple[NodeState, ...]) -> list[object]:
-        asked.append(tuple(states))
-        return await real(states)  # type: ignore[return-value]
+    clock = FakeClock()
+    lifecycle = fleet.lifecycle
+    lifecycle.clock = clock
+    lifecycle.idle_backoff = StepBackoff(first_delay_s=8, max_delay_s=8, jitter=0)
+    names = [f"n{i:02d}" for i in range(40)]
+    for name in names:
+        bmc.power[name] = "on"
+        await enroll(fleet, name)
+    parked = names[20:]
+    for name in parked:  # out of service: no step is due
+        await set_fields(fleet, name, state=NodeState.MAINTENANCE)
 
     async def never() -> None:
         raise AssertionError("a pass read every node")
 
-    monkeypatch.setattr(fleet.nodes, "records_in", spy)
     monkeypatch.setattr(fleet.nodes, "records", never)
-    await fleet.lifecycle.reconcile_once()
-    assert asked == [STEPPING]
-    assert NodeState.READY not in STEPPING and NodeState.ALLOCATED not in STEPPING
+
+    async def one_pass() -> tuple[int, int]:
+        """(nodes the pass looked at, BMC calls its steps made)."""
+        looked, calls = lifecycle.looked, len(bmc.calls)
+        await lifecycle.reconcile_once()
+        await lifecycle.settle()
+        return lifecycle.looked - looked, len(bmc.calls) - calls
+
+    looked, calls = await one_pass()  # the first: every node, as enrolment poked each
+    assert looked == 40 and calls >= 20
+    assert {n for n, _ in bmc.calls} == set(names[:20])
+    # Their steps found no agent and backed off for 8 s; the next pass looks
+    # at them once (their steps ended), then none is looked at until then.
+    assert (await one_pass())[1] == 0
+    for _ in range(7):
+        clock.now += 1
+        assert await one_pass() == (0, 0)
+    clock.now += 1  # their waits end
+    looked, calls = await one_pass()
+    assert looked == 20 and calls >= 20
+    assert await one_pass() == (20, 0)  # their steps ended: they wait again
+    # A node saved (an operator acts on a parked node) is looked at at once.
+    await set_fields(fleet, parked[0], state=NodeState.ENROLLED)
+    looked, calls = await one_pass()
+    assert looked == 1 and calls >= 1
+    assert await one_pass() == (1, 0)  # its step ended: it waits
+    clock.now += 1
+    assert await one_pass() == (0, 0)
+    assert (await fleet.get_node(parked[0])).state == NodeState.INSPECTING
+    assert lifecycle.waiting(parked[0]) > 0
 
 
 @pytest.mark.timeout(60)
@@ -234,3 +269,26 @@ async def test_a_poke_while_a_step_runs_is_not_lost(
     await fleet.lifecycle.settle()
     assert (await fleet.get_node("n1")).state == NodeState.INSPECTING  # still no agent here
     assert fleet.lifecycle.waiting("n1") == 0.0  # but not backed off: looked at next pass
+
+
+@pytest.mark.timeout(60)
+async def test_a_node_waiting_for_its_agent_is_powered_on_again_when_power_sync_sees_it_off(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc
+) -> None:
+    """Once its BMC says on, a node waiting for its agent waits the idle cap:
+    what ends the wait is its agent registering (a poke) or power sync
+    reading it off (a saved row), not a look every few seconds."""
+    fleet = make_fleet()
+    clock = FakeClock()
+    fleet.lifecycle.clock = clock
+    fleet.lifecycle.idle_backoff = StepBackoff(first_delay_s=1, max_delay_s=300, jitter=0)
+    await enroll(fleet, "n1")  # its BMC says off: the first look powers it on
+    tried = await tries(fleet, bmc, clock, "n1", 60)
+    assert tried[:2] == [0, 1] and len(tried) == 2, tried  # then on: the cap at once
+    assert bmc.power["n1"] == "on"
+    assert 200 < fleet.lifecycle.waiting("n1") <= 300
+    bmc.power["n1"] = "off"  # lost power behind Kiln's back
+    await fleet.power_sync.run_once()
+    await tries(fleet, bmc, clock, "n1", 2)
+    assert bmc.power["n1"] == "on"
+    assert ("n1", "on") in bmc.calls[-3:]

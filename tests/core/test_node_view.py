@@ -151,6 +151,23 @@ def test_a_commit_during_the_load_is_applied_after_it() -> None:
     assert [n.name for n in view.in_states([NodeState.READY])] == ["a"]
 
 
+def test_a_feed_gives_what_commits_saved_or_removed_since_its_last_take() -> None:
+    view = NodeView()
+    a = NodeRecord(name="a", bmc_url="fake://a")
+    view.install([a, NodeRecord(name="b", bmc_url="fake://b")], {})
+    feed = view.watch()
+    assert feed.take() == (True, set())  # a new feed starts from everything
+    assert feed.take() == (False, set())
+    view.committed(NodeChanges(saved={"a": a}))
+    view.committed(NodeChanges(removed=frozenset({"b"})))
+    assert feed.take() == (False, {"a", "b"})
+    assert feed.take() == (False, set())
+    view.begin_load()
+    view.committed(NodeChanges(saved={"c": NodeRecord(name="c", bmc_url="fake://c")}))
+    view.install([a], {})  # loaded anew: the reader must look at everything
+    assert feed.take() == (True, {"c"})
+
+
 def test_inventory_version_moves_with_inventory_not_with_bookings() -> None:
     view = NodeView()
     node = NodeRecord(name="a", bmc_url="fake://a", state=NodeState.READY, gpu_count=8)

@@ -234,8 +234,9 @@ class CrashHarness:
             except grpc.aio.AioRpcError:
                 listed = []
             ready = {a.id for a in listed if a.state == fleet_pb2.ALLOCATION_STATE_READY}
-            active = self.ledger.active()
-            await driver.release(self.rng.choice([a for a in active if a in ready] or active))
+            active = self.ledger.active()  # may have emptied while the list was read
+            if active:
+                await driver.release(self.rng.choice([a for a in active if a in ready] or active))
         while time.monotonic() < deadline:
             try:
                 nodes = await every_page_async(
