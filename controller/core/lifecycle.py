@@ -453,9 +453,7 @@ class Lifecycle:
         elif power != row.power:
             await self._nodes.power(row.name, "status")
         if not self._agents.is_connected(row.name) or row.gpu_count == 0:
-            waiting = "powered on; waiting for the node's agent to register"
-            if row.state_reason != waiting:
-                await self._note(row.name, waiting)
+            await self._note_once(row, "powered on; waiting for the node's agent to register")
             # Its registration pokes the node, and power sync's reading saves
             # it (so the view's feed brings it back) if the power goes off:
             # once the BMC says on, looking again is only a fallback.
@@ -475,9 +473,7 @@ class Lifecycle:
         """One preparation attempt. Never raises: a failure is counted (see
         ``_preparation_failed``) and the next attempt waits its backoff."""
         if not self._agents.is_connected(row.name):
-            waiting = "waiting for the node's agent to prepare the GPUs"
-            if row.state_reason != waiting:
-                await self._note(row.name, waiting)
+            await self._note_once(row, "waiting for the node's agent to prepare the GPUs")
             self._back_off(row, idle=True)  # its registration pokes the node
             return False
         profile_name = row.wanted_profile
@@ -682,6 +678,12 @@ class Lifecycle:
 
     async def _move(self, name: str, target: NodeState, reason: str) -> None:
         await self._store.tx(lambda tx: move(tx, load_node(tx, name), target, reason))
+
+    async def _note_once(self, row: NodeRecord, reason: str) -> None:
+        """``_note``, skipped (no transaction) when the node already says so:
+        a node waiting is looked at again and again."""
+        if row.state_reason != reason:
+            await self._note(row.name, reason)
 
     async def _note(self, name: str, reason: str) -> None:
         """Update why a node waits, without an event for every pass."""

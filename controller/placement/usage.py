@@ -288,15 +288,10 @@ class Usage:
 
     def _own_hist(self, hists: dict[Key, list[int]], key: Key) -> list[int]:
         """``hists[key]``, this instance's own to change (copied once)."""
-        cur = hists.get(key)
-        if cur is None:
-            cur = []
-        elif id(cur) not in self._mine:
-            cur = list(cur)
-        else:
-            return cur
-        hists[key] = cur
-        self._mine.add(id(cur))
+        cur = hists[key]  # every (model, rack kind) has its histogram from the start
+        if id(cur) not in self._mine:
+            cur = hists[key] = list(cur)
+            self._mine.add(id(cur))
         return cur
 
     def _index(self, d: int, st: DomState, sign: int) -> None:
