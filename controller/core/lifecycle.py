@@ -1,6 +1,6 @@
 """The reconciler that walks nodes through their lifecycle.
 
-Each pass looks at every node and takes the one next step its state calls for:
+Each pass takes, for each node due one, the one next step its state calls for:
 
     enrolled   → inspecting   (always)
     inspecting → preparing    once the BMC answered, the node is powered on and
