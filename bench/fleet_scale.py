@@ -717,6 +717,14 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                     f"{ready} of {agents} nodes ready after {ready_s:.0f}s (the lifecycle was "
                     "still at work: its CPU is in the idle figure and the window's)"
                 )
+            if args.hold > 0:
+                c_hold, t_hold = pid_cpu_s(proc.pid), time.monotonic()
+                await asyncio.sleep(args.hold)
+                held_cores = (pid_cpu_s(proc.pid) - c_hold) / (time.monotonic() - t_hold)
+                print(
+                    f"  held {args.hold:.0f}s once ready (--hold), the agents reporting: "
+                    f"controller {held_cores:.2f} cores over the hold"
+                )
             await asyncio.sleep(min(3.0, interval * 2))  # every stream sending
             waited, slowest, eased = await wait_unpaced(generators, interval, args.pace_settle)
             if slowest > interval * 1.001:
@@ -1106,6 +1114,14 @@ def main() -> int:
         default=120.0,
         help="longest wait, once the nodes are ready, for the controller to stop slowing "
         "the agents down (it may while the fleet comes up) before the report window",
+    )
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="seconds to wait once the nodes are ready, before the windows: with --enrol-all "
+        "the nodes waiting for agents first wait out their idle backoff (300-600 s), so a hold "
+        "of 600 puts the windows in the steady state where those waits end and repeat",
     )
     parser.add_argument("--bmc", choices=["responder", "dead"], default="responder")
     parser.add_argument(
