@@ -7,10 +7,11 @@ nodes at once, each call behind its BMC's guard and breaker. A node whose
 protocol has none (IPMI) answers NotSupported without a BMC call and is
 skipped from then on, without a log line. A Redfish BMC whose chassis has
 no leak detectors (an HGX box, an air-cooled server) is read again only
-every ``rediscover`` seconds (600 by default, as often as the Redfish
-driver looks for detectors afresh): in a fleet of such nodes the watcher
-then costs next to nothing between those reads. The reads do not depend on the
-node's agent: a tray whose agent is silent (or whose OS hung) is watched all
+after ``rediscover`` seconds (600 by default, as often as the Redfish
+driver looks for detectors afresh), then after twice that for each read in
+a row that shows none, up to ``rediscover_max`` (an hour): in a fleet of
+such nodes the watcher then costs next to nothing between those reads.
+The reads do not depend on the node's agent: a tray whose agent is silent (or whose OS hung) is watched all
 the same. A BMC that is slow holds up only its own node: a pass does not
 wait for a read still in flight from the last one. A pass that outlasts the
 interval (a fleet with more BMCs than one controller reads in it) goes on,
@@ -93,6 +94,10 @@ DEFAULT_LEAK_CONCURRENCY = 256  # the Redfish thread pool's default size
 # A BMC that showed no leak detectors is asked again after this long (the
 # Redfish driver's own LEAK_REDISCOVER_S: sooner would read its cached answer).
 DEFAULT_LEAK_REDISCOVER = 600.0
+# A BMC that keeps showing none is asked ever less often (doubling), up to
+# hourly: an air-cooled box never grows detectors, and 25,000 of them asked
+# every 10 minutes were 42 reads a second, most of an idle controller's CPU.
+DEFAULT_LEAK_REDISCOVER_MAX = 3600.0
 DEFAULT_LEAK_MAX_BACKOFF = 300.0  # s: the longest wait before an unreadable BMC is read again
 # DMTF Resource.State values in which a detector is sensing (None: not reported).
 SENSING_STATES = frozenset({"Enabled", "Degraded", "Qualified"})
@@ -157,6 +162,7 @@ class _Watched:
     target: BmcTarget | None = None
     unreadable: str = ""  # the last read's error ("" after a good read)
     none_at: float | None = None  # monotonic: when the BMC last showed no detectors
+    none_streak: int = 0  # reads in a row that showed none
     failures: int = 0  # reads in a row that failed
     retry_at: float = 0.0  # monotonic: not read again before (after a failed read)
 
@@ -240,6 +246,8 @@ class LeakWatcher:
         self.interval = interval
         self.concurrency = concurrency
         self.rediscover = DEFAULT_LEAK_REDISCOVER
+        self.rediscover_max = DEFAULT_LEAK_REDISCOVER_MAX
+        self.clock: Callable[[], float] = time.monotonic  # tests may set it
         # A BMC that cannot be read is read again after a doubling delay, up
         # to 5 minutes: a fleet of dead BMCs must not cost a read each every
         # interval (25,000 of them held a restarted controller's one core).
@@ -277,7 +285,7 @@ class LeakWatcher:
         still running goes on in the background and its node is skipped by
         the passes that start meanwhile. While the last pass still has nodes
         to hand out, no new one begins: this call waits for its readers."""
-        started = time.monotonic()
+        started = self.clock()
         feed = self._feed
         if feed is not None and feed.left:
             # The last pass has not reached every node yet: it goes on, and
@@ -390,11 +398,14 @@ class LeakWatcher:
         return kept is not None and now < kept.retry_at
 
     def _without_detectors(self, name: str, now: float) -> bool:
-        """Whether ``name``'s BMC showed no detectors less than ``rediscover`` ago."""
+        """Whether ``name``'s BMC showed no detectors too recently to ask again:
+        ``rediscover`` after the first such read, doubling with each one in a
+        row, up to ``rediscover_max``."""
         kept = self._watched.get(name)
-        return (
-            kept is not None and kept.none_at is not None and now < kept.none_at + self.rediscover
-        )
+        if kept is None or kept.none_at is None:
+            return False
+        wait = self.rediscover * 2 ** min(kept.none_streak - 1, 32)
+        return now < kept.none_at + min(wait, max(self.rediscover, self.rediscover_max))
 
     def _memory(self, name: str) -> _Watched:
         kept = self._watched.get(name)
@@ -439,7 +450,7 @@ class LeakWatcher:
             memory = self._memory(name)
             memory.failures += 1
             delay = self.backoff.delay(memory.failures, self._rng)
-            memory.retry_at = time.monotonic() + delay
+            memory.retry_at = self.clock() + delay
             if not memory.unreadable:
                 log.debug("node %s: leak detectors unreadable: %s", name, e)
                 self._newly_unreadable.append((name, str(e)))
@@ -454,9 +465,10 @@ class LeakWatcher:
             # Nothing to watch (and nothing remembered that could change):
             # look again after ``rediscover``.
             log.debug("node %s: its BMC shows no leak detectors", name)
-            memory.none_at = time.monotonic()
+            memory.none_at = self.clock()
+            memory.none_streak += 1
         else:
-            memory.none_at = None
+            memory.none_at, memory.none_streak = None, 0
         return readings
 
     # -- judging ---------------------------------------------------------------

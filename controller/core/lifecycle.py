@@ -77,6 +77,9 @@ from controller.core.unreadable import say_nodes
 log = logging.getLogger(__name__)
 
 IDLE_MAX_DELAY_S = 600.0  # longest wait between looks at a node waiting for its agent
+# ... once its BMC says it is on: only a fallback, as its agent's registration
+# pokes it and power sync's reading of it off does too.
+AGENT_WAIT_MAX_DELAY_S = 3600.0
 
 S = NodeState
 
@@ -182,6 +185,7 @@ class Lifecycle:
         # at most every 10 minutes, not every minute: 22,500 such nodes cost
         # a core at the failure backoff's cap.
         self.idle_backoff = StepBackoff(max_delay_s=IDLE_MAX_DELAY_S)
+        self.agent_wait = StepBackoff(max_delay_s=AGENT_WAIT_MAX_DELAY_S)
         self.clock = clock
         self._rng = rng or random.Random()
         self._backoff: dict[str, _Backoff] = {}
@@ -343,15 +347,16 @@ class Lifecycle:
     def _back_off(self, row: NodeRecord, *, idle: bool, longest: bool = False) -> tuple[int, float]:
         """Count a step that failed (or, ``idle``, made no progress) and set
         when the node may step again; returns (steps in a row, the delay).
-        ``longest``: wait the idle cap at once (what the node waits for will
-        poke it). Preparation counts its own attempts (``_preparation_failed``)."""
+        ``longest``: wait ``agent_wait``'s cap at once (what the node waits
+        for will poke it). Preparation counts its own attempts
+        (``_preparation_failed``)."""
         backoff = self._backoff.get(row.name)
         if backoff is None or backoff.state != row.state:
             backoff = self._backoff[row.name] = _Backoff(row.state)
         backoff.failures += 1
         policy = self.idle_backoff if idle else self.step_backoff
         if longest:
-            delay = policy.longest(self._rng)
+            delay = self.agent_wait.longest(self._rng)
         else:
             delay = policy.delay(backoff.failures, self._rng)
         if row.name in self._poked:

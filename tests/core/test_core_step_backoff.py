@@ -79,6 +79,7 @@ async def test_a_node_waiting_for_its_agent_is_not_polled_every_pass(
     clock = FakeClock()
     fleet.lifecycle.clock = clock
     fleet.lifecycle.idle_backoff = StepBackoff(first_delay_s=1, max_delay_s=8, jitter=0)
+    fleet.lifecycle.agent_wait = StepBackoff(max_delay_s=8, jitter=0)
     bmc.power["quiet"] = "on"
     await enroll(fleet, "quiet")
     tried = await tries(fleet, bmc, clock, "quiet", 40)
@@ -91,14 +92,15 @@ async def test_waiting_for_an_agent_backs_off_past_the_failure_cap_and_writes_on
     make_fleet: Callable[..., Fleet], bmc: FakeBmc
 ) -> None:
     """An agent's registration pokes its node, so a node waiting for one is
-    looked at (its power read through its BMC) ever less often, up to the idle
-    cap, beyond the failure backoff's; its reason is written once, not at
-    every look."""
+    looked at (its power read through its BMC) once its BMC says on only at
+    the agent wait's cap, beyond the failure backoff's; its reason is written
+    once, not at every look."""
     fleet = make_fleet()
     clock = FakeClock()
     fleet.lifecycle.clock = clock
     fleet.lifecycle.step_backoff = StepBackoff(first_delay_s=1, max_delay_s=4, jitter=0)
     fleet.lifecycle.idle_backoff = StepBackoff(first_delay_s=1, max_delay_s=32, jitter=0)
+    fleet.lifecycle.agent_wait = StepBackoff(max_delay_s=32, jitter=0)
     bmc.power["quiet"] = "on"
     await enroll(fleet, "quiet")
     await fleet.lifecycle.reconcile_once()
@@ -133,6 +135,7 @@ async def test_a_pass_looks_only_at_nodes_that_may_be_due(
     lifecycle = fleet.lifecycle
     lifecycle.clock = clock
     lifecycle.idle_backoff = StepBackoff(first_delay_s=8, max_delay_s=8, jitter=0)
+    lifecycle.agent_wait = StepBackoff(max_delay_s=8, jitter=0)
     names = [f"n{i:02d}" for i in range(40)]
     for name in names:
         bmc.power[name] = "on"
@@ -281,7 +284,8 @@ async def test_a_node_waiting_for_its_agent_is_powered_on_again_when_power_sync_
     fleet = make_fleet()
     clock = FakeClock()
     fleet.lifecycle.clock = clock
-    fleet.lifecycle.idle_backoff = StepBackoff(first_delay_s=1, max_delay_s=300, jitter=0)
+    fleet.lifecycle.idle_backoff = StepBackoff(first_delay_s=1, max_delay_s=8, jitter=0)
+    fleet.lifecycle.agent_wait = StepBackoff(max_delay_s=300, jitter=0)
     await enroll(fleet, "n1")  # its BMC says off: the first look powers it on
     tried = await tries(fleet, bmc, clock, "n1", 60)
     assert tried[:2] == [0, 1] and len(tried) == 2, tried  # then on: the cap at once

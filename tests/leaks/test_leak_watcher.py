@@ -6,6 +6,7 @@ acted on; IPMI nodes are skipped quietly."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import Counter
@@ -358,6 +359,48 @@ async def test_a_bmc_without_leak_detectors_is_asked_again_only_after_rediscover
                 e for e in await fleet.events.since(0, limit=1000) if e.kind == EventKind.NODE_LEAK
             ]
             assert [e.node for e in events] == ["node-00001"]
+        finally:
+            await fleet.leaks.stop()
+            await gateway.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_bmc_that_keeps_showing_no_detectors_is_asked_ever_less_often(
+    store: Store,
+) -> None:
+    """Each read in a row that finds no detectors doubles the wait before the
+    next, from ``rediscover`` up to ``rediscover_max``: 25,000 air-cooled
+    boxes asked every 10 minutes would be 42 reads a second for ever."""
+    bare = make_systems(1, prefix="bare-", power_state="On")
+    async with RedfishEmulator(
+        bare, username=USER, password=PASSWORD, leak_detection=False
+    ) as no_leaks:
+        gateway = _CountingGateway(make_pool(call_timeout=5.0), power_timeout=20.0)
+        fleet = Fleet(store, gateway)
+        now = [1000.0]
+        fleet.leaks.clock = lambda: now[0]
+        fleet.leaks.rediscover, fleet.leaks.rediscover_max = 10.0, 40.0
+        try:
+            await fleet.nodes.loaded()
+            await fleet.enroll(
+                EnrollSpec(
+                    name="bare-00000",
+                    bmc_url=no_leaks.system_url("bare-00000"),
+                    username=USER,
+                    password=PASSWORD,
+                )
+            )
+            read_at = []
+            for second in range(160):
+                now[0] = 1000.0 + second
+                before = gateway.leak_reads["bare-00000"]
+                await fleet.leaks.run_once()
+                await fleet.leaks.settle()
+                if gateway.leak_reads["bare-00000"] > before:
+                    read_at.append(second)
+            gaps = [b - a for a, b in itertools.pairwise(read_at)]
+            assert gaps[:3] == [10, 20, 40], read_at
+            assert gaps[3:] and all(g == 40 for g in gaps[3:]), read_at  # the cap
         finally:
             await fleet.leaks.stop()
             await gateway.close()
