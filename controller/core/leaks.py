@@ -11,8 +11,8 @@ after ``rediscover`` seconds (600 by default, as often as the Redfish
 driver looks for detectors afresh), then after twice that for each read in
 a row that shows none, up to ``rediscover_max`` (an hour): in a fleet of
 such nodes the watcher then costs next to nothing between those reads.
-The reads do not depend on the node's agent: a tray whose agent is silent (or whose OS hung) is watched all
-the same. A BMC that is slow holds up only its own node: a pass does not
+The reads do not depend on the node's agent: a tray whose agent is silent
+(or whose OS hung) is watched all the same. A BMC that is slow holds up only its own node: a pass does not
 wait for a read still in flight from the last one. A pass that outlasts the
 interval (a fleet with more BMCs than one controller reads in it) goes on,
 and the next begins once it has handed every node to a reader: no node is
