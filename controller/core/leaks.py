@@ -5,23 +5,23 @@ of the reading that found its leak) the watcher reads the leak detectors of
 every node's chassis through the ``BmcGateway``, at most ``concurrency``
 nodes at once, each call behind its BMC's guard and breaker. A node whose
 protocol has none (IPMI) answers NotSupported without a BMC call and is
-skipped from then on, without a log line. A Redfish BMC whose chassis has
-no leak detectors (an HGX box, an air-cooled server) is read again only
-after ``rediscover`` seconds (600 by default, as often as the Redfish
-driver looks for detectors afresh), then after twice that for each read in
-a row that shows none, up to ``rediscover_max`` (an hour): in a fleet of
-such nodes the watcher then costs next to nothing between those reads.
-The reads do not depend on the node's agent: a tray whose agent is silent
-(or whose OS hung) is watched all the same. A BMC that is slow holds up only its own node: a pass does not
-wait for a read still in flight from the last one. A pass that outlasts the
-interval (a fleet with more BMCs than one controller reads in it) goes on,
-and the next begins once it has handed every node to a reader: no node is
-read twice before every node was read once, and a warning says so, once. A
-BMC that cannot be read
-is read again after ``interval``, then after twice that, and so on up to 5
-minutes (jittered, ``backoff``); a good read starts it afresh. The BMCs that
-became unreadable are said in one log line a pass, not one line each (a BMC
-network down is 25,000 of them at once).
+skipped from then on, without a log line. A Redfish BMC whose chassis has no
+leak detectors (an HGX box, an air-cooled server) is read again only after
+``rediscover`` seconds (600 by default, as often as the Redfish driver looks
+for detectors afresh), then after twice that for each read in a row that
+shows none, up to ``rediscover_max`` (an hour): in a fleet of such nodes the
+watcher then costs next to nothing between those reads. The reads do not
+depend on the node's agent: a tray whose agent is silent (or whose OS hung)
+is watched all the same. A BMC that is slow holds up only its own node: a
+pass does not wait for a read still in flight from the last one. A pass that
+outlasts the interval (a fleet with more BMCs than one controller reads in
+it) goes on, and the next begins once it has handed every node to a reader:
+no node is read twice before every node was read once, and a warning says
+so, once. A BMC that cannot be read is read again after ``interval``, then
+after twice that, and so on up to 5 minutes (jittered, ``backoff``); a good
+read starts it afresh. The BMCs that became unreadable are said in one log
+line a pass, not one line each (a BMC network down is 25,000 of them at
+once).
 
 Each reading is classified (``classify``, the rule in docs/leaks.md):
 
