@@ -508,6 +508,13 @@ def pid_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def cores_over(pid: int, seconds: float) -> float:
+    """The process's CPU, in cores, while this sleeps ``seconds``."""
+    c0, t0 = pid_cpu_s(pid), time.monotonic()
+    await asyncio.sleep(seconds)
+    return (pid_cpu_s(pid) - c0) / (time.monotonic() - t0)
+
+
 def pid_rss_mb(pid: int) -> float:
     """VmRSS of a process in MB, from /proc/PID/status."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

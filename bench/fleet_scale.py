@@ -113,6 +113,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import grpc  # noqa: E402
 from fleet_load import (  # noqa: E402
     Streams,
+    cores_over,
     floor_main,
     generator_main,
     pid_cpu_s,
@@ -718,9 +719,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                     "still at work: its CPU is in the idle figure and the window's)"
                 )
             if args.hold > 0:
-                c_hold, t_hold = pid_cpu_s(proc.pid), time.monotonic()
-                await asyncio.sleep(args.hold)
-                held_cores = (pid_cpu_s(proc.pid) - c_hold) / (time.monotonic() - t_hold)
+                held_cores = await cores_over(proc.pid, args.hold)
                 print(
                     f"  held {args.hold:.0f}s once ready (--hold), the agents reporting: "
                     f"controller {held_cores:.2f} cores over the hold"
