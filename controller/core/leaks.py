@@ -9,8 +9,9 @@ skipped from then on, without a log line. A Redfish BMC whose chassis has no
 leak detectors (an HGX box, an air-cooled server) is read again only after
 ``rediscover`` seconds (600 by default, as often as the Redfish driver looks
 for detectors afresh), then after twice that for each read in a row that
-shows none, up to ``rediscover_max`` (an hour): in a fleet of such nodes the
-watcher then costs next to nothing between those reads. The reads do not
+shows none, up to ``rediscover_max`` (an hour), each wait shortened by up to
+half at random: in a fleet of such nodes the watcher then costs next to
+nothing between those reads. The reads do not
 depend on the node's agent: a tray whose agent is silent (or whose OS hung)
 is watched all the same. A BMC that is slow holds up only its own node: a
 pass does not wait for a read still in flight from the last one. A pass that
@@ -163,6 +164,7 @@ class _Watched:
     unreadable: str = ""  # the last read's error ("" after a good read)
     none_at: float | None = None  # monotonic: when the BMC last showed no detectors
     none_streak: int = 0  # reads in a row that showed none
+    none_share: float = 1.0  # of the wait after none_at (jitter, drawn at the read)
     failures: int = 0  # reads in a row that failed
     retry_at: float = 0.0  # monotonic: not read again before (after a failed read)
 
@@ -247,6 +249,9 @@ class LeakWatcher:
         self.concurrency = concurrency
         self.rediscover = DEFAULT_LEAK_REDISCOVER
         self.rediscover_max = DEFAULT_LEAK_REDISCOVER_MAX
+        # Each wait shortened by up to this share, at random: a fleet enrolled
+        # in a few minutes would otherwise be asked again all at once.
+        self.rediscover_jitter = 0.5
         self.clock: Callable[[], float] = time.monotonic  # tests may set it
         # A BMC that cannot be read is read again after a doubling delay, up
         # to 5 minutes: a fleet of dead BMCs must not cost a read each every
@@ -400,12 +405,13 @@ class LeakWatcher:
     def _without_detectors(self, name: str, now: float) -> bool:
         """Whether ``name``'s BMC showed no detectors too recently to ask again:
         ``rediscover`` after the first such read, doubling with each one in a
-        row, up to ``rediscover_max``."""
+        row, up to ``rediscover_max``, jittered (``_read`` draws the share)."""
         kept = self._watched.get(name)
         if kept is None or kept.none_at is None:
             return False
         wait = self.rediscover * 2 ** min(kept.none_streak - 1, 32)
-        return now < kept.none_at + min(wait, max(self.rediscover, self.rediscover_max))
+        wait = min(wait, max(self.rediscover, self.rediscover_max))
+        return now < kept.none_at + wait * kept.none_share
 
     def _memory(self, name: str) -> _Watched:
         kept = self._watched.get(name)
@@ -467,6 +473,7 @@ class LeakWatcher:
             log.debug("node %s: its BMC shows no leak detectors", name)
             memory.none_at = self.clock()
             memory.none_streak += 1
+            memory.none_share = 1.0 - self.rediscover_jitter * self._rng.random()
         else:
             memory.none_at, memory.none_streak = None, 0
         return readings

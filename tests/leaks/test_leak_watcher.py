@@ -380,6 +380,7 @@ async def test_a_bmc_that_keeps_showing_no_detectors_is_asked_ever_less_often(
         now = [1000.0]
         fleet.leaks.clock = lambda: now[0]
         fleet.leaks.rediscover, fleet.leaks.rediscover_max = 10.0, 40.0
+        fleet.leaks.rediscover_jitter = 0.0
         try:
             await fleet.nodes.loaded()
             await fleet.enroll(
