@@ -1119,8 +1119,8 @@ def main() -> int:
         type=float,
         default=0.0,
         help="seconds to wait once the nodes are ready, before the windows: with --enrol-all "
-        "the nodes waiting for agents first wait out their idle backoff (300-600 s), so a hold "
-        "of 600 puts the windows in the steady state where those waits end and repeat",
+        "the leak watcher asks the BMCs again after 5-10 minutes, then ever less often up to "
+        "hourly, so a hold puts the windows in that steady state rather than the bring-up",
     )
     parser.add_argument("--bmc", choices=["responder", "dead"], default="responder")
     parser.add_argument(

@@ -7,6 +7,13 @@ import random
 from dataclasses import dataclass
 
 
+def doubling(first_s: float, cap_s: float, n: int) -> float:
+    """``first_s * 2**(n-1)``, at most ``cap_s``: the wait after the n-th
+    failure in a row. Any n (a BMC dead for days counts thousands) stays a
+    float: the exponent is clamped before ``2**`` overflows one."""
+    return min(cap_s, first_s * 2 ** min(max(0, n - 1), 64))
+
+
 @dataclass(frozen=True)
 class StepBackoff:
     """How long a node waits after a step that failed or made no progress:
@@ -19,7 +26,7 @@ class StepBackoff:
     jitter: float = 0.5
 
     def delay(self, failures: int, rng: random.Random) -> float:
-        base = min(self.max_delay_s, self.first_delay_s * 2 ** max(0, failures - 1))
+        base = doubling(self.first_delay_s, self.max_delay_s, failures)
         return base * (1.0 - self.jitter * rng.random())
 
     def longest(self, rng: random.Random) -> float:

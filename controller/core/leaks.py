@@ -11,18 +11,17 @@ leak detectors (an HGX box, an air-cooled server) is read again only after
 for detectors afresh), then after twice that for each read in a row that
 shows none, up to ``rediscover_max`` (an hour), each wait shortened by up to
 half at random: in a fleet of such nodes the watcher then costs next to
-nothing between those reads. The reads do not
-depend on the node's agent: a tray whose agent is silent (or whose OS hung)
-is watched all the same. A BMC that is slow holds up only its own node: a
-pass does not wait for a read still in flight from the last one. A pass that
-outlasts the interval (a fleet with more BMCs than one controller reads in
-it) goes on, and the next begins once it has handed every node to a reader:
-no node is read twice before every node was read once, and a warning says
-so, once. A BMC that cannot be read is read again after ``interval``, then
-after twice that, and so on up to 5 minutes (jittered, ``backoff``); a good
-read starts it afresh. The BMCs that became unreadable are said in one log
-line a pass, not one line each (a BMC network down is 25,000 of them at
-once).
+nothing between those reads. The reads do not depend on the node's agent: a
+tray whose agent is silent (or whose OS hung) is watched all the same. A BMC
+that is slow holds up only its own node: a pass does not wait for a read
+still in flight from the last one. A pass that outlasts the interval (a
+fleet with more BMCs than one controller reads in it) goes on, and the next
+begins once it has handed every node to a reader: no node is read twice
+before every node was read once, and a warning says so, once. A BMC that
+cannot be read is read again after ``interval``, then after twice that, and
+so on up to 5 minutes (jittered, ``backoff``); a good read starts it afresh.
+The BMCs that became unreadable are said in one log line a pass, not one
+line each (a BMC network down is 25,000 of them at once).
 
 Each reading is classified (``classify``, the rule in docs/leaks.md):
 
@@ -74,7 +73,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.core.backoff import StepBackoff
+from controller.core.backoff import StepBackoff, doubling
 from controller.core.errors import FailedPrecondition, InvalidArgument, KilnError, NotSupported
 from controller.core.eventlog import record, tell_job
 from controller.core.kinds import EventKind
@@ -409,8 +408,9 @@ class LeakWatcher:
         kept = self._watched.get(name)
         if kept is None or kept.none_at is None:
             return False
-        wait = self.rediscover * 2 ** min(kept.none_streak - 1, 32)
-        wait = min(wait, max(self.rediscover, self.rediscover_max))
+        wait = doubling(
+            self.rediscover, max(self.rediscover, self.rediscover_max), kept.none_streak
+        )
         return now < kept.none_at + wait * kept.none_share
 
     def _memory(self, name: str) -> _Watched:

@@ -354,10 +354,10 @@ class Lifecycle:
         if backoff is None or backoff.state != row.state:
             backoff = self._backoff[row.name] = _Backoff(row.state)
         backoff.failures += 1
-        policy = self.idle_backoff if idle else self.step_backoff
         if longest:
             delay = self.agent_wait.longest(self._rng)
         else:
+            policy = self.idle_backoff if idle else self.step_backoff
             delay = policy.delay(backoff.failures, self._rng)
         if row.name in self._poked:
             delay = 0.0  # poked while this step ran: look again on the next pass

@@ -296,3 +296,12 @@ async def test_a_node_waiting_for_its_agent_is_powered_on_again_when_power_sync_
     await tries(fleet, bmc, clock, "n1", 2)
     assert bmc.power["n1"] == "on"
     assert ("n1", "on") in bmc.calls[-3:]
+
+
+@pytest.mark.timeout(60)
+async def test_a_backoff_after_thousands_of_failures_stays_at_its_cap() -> None:
+    """A BMC dead for days fails thousands of steps in a row: 2**(n-1) must
+    not overflow a float (it did past about 1,025)."""
+    policy = StepBackoff(first_delay_s=1, max_delay_s=60, jitter=0.5)
+    rng = random.Random(5)
+    assert all(30.0 <= policy.delay(n, rng) <= 60.0 for n in (1_100, 5_000, 10**6))
