@@ -109,6 +109,7 @@ class IpmiDriver:
         self._credentials = credentials
         self._node = node or address.host
         self._label = f"{address.host}:{address.port}"
+        self._session_key = (address.host, address.port, credentials.username)
         self._command: ipmi_command.Command | None = None
         self._lock = threading.Lock()
 
@@ -118,6 +119,9 @@ class IpmiDriver:
         with self._lock:
             try:
                 if self._command is None:
+                    # This driver owns the BMC's only session: a cached one is
+                    # dead (see pyghmi_compat.forget_sessions).
+                    pyghmi_compat.forget_sessions(*self._session_key)
                     self._command = ipmi_command.Command(
                         bmc=self._address.host,
                         userid=self._credentials.username,
@@ -167,6 +171,9 @@ class IpmiDriver:
             if command is not None:
                 with contextlib.suppress(Exception):
                     command.ipmi_session.logout()
+                # A logout with no answer leaves the session half logged out
+                # in pyghmi's tables, where the next Command would find it.
+                pyghmi_compat.forget_sessions(*self._session_key)
         finally:
             self._lock.release()
 

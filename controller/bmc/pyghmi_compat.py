@@ -1,4 +1,4 @@
-"""Work-arounds for three faults in pyghmi's shared IPMI session loop.
+"""Work-arounds for faults in pyghmi's shared IPMI session loop.
 
 pyghmi (1.6.x) runs every IPMI session of a process through module-level
 state in ``pyghmi.ipmi.private.session``: one I/O thread, a few shared UDP
@@ -27,6 +27,17 @@ minutes or for good:
 Each patch is applied once, at import of ``controller.bmc.ipmi``, and only if
 pyghmi still has the names it replaces (a pyghmi that changed them is left
 alone and logged). Kiln's own deadlines bound every IPMI call regardless.
+
+A fourth fault is not patched but worked around by the driver: pyghmi keeps
+every session it made in class-level tables and hands a cached one to the
+next ``Command`` for the same BMC address and user, even when that session
+belongs to a BMC that has since restarted (its session IDs gone) or whose
+logout got no answer (left half logged out). The next call on it fails with
+"Session no longer connected", or waits out pyghmi's own retries for a
+minute, and every retry gets the same dead session back.
+:func:`forget_sessions` drops them without a packet sent; the driver calls it
+before it builds a ``Command`` (it owns the BMC's only session, so any cached
+one is dead).
 """
 
 from __future__ import annotations
@@ -66,6 +77,69 @@ def _recvfrom_nowait(sock: socket.socket, size: int) -> tuple[bytes, Any] | None
         return sock.recvfrom(size, socket.MSG_DONTWAIT)
     except OSError:  # nothing waiting (EAGAIN) or the socket went away
         return None
+
+
+def forget_sessions(host: str, port: int, username: str) -> int:
+    """Drop every session pyghmi caches for ``username`` on the BMC at
+    ``host:port`` (the ones a new ``Command`` could be handed): mark it
+    broken, stop its keepalives and retries, and remove it from the tables a
+    new ``Command`` would find it in. Sends nothing. Returns how many.
+
+    pyghmi's I/O thread may still route a late packet to a dropped session;
+    a broken session ignores it.
+    """
+    cls = _session.Session
+    lock = getattr(_session, "WAITING_SESSIONS", None)
+    with lock if lock is not None else _NoLock():
+        found: dict[int, Any] = {}
+        handlers = getattr(cls, "bmc_handlers", {})
+        for sockaddr, by_port in list(handlers.items()):
+            for local_port, sess in list(by_port.items()):
+                if _same(sess, host, port, username):
+                    found[id(sess)] = sess
+                    del by_port[local_port]
+            if not by_port:
+                handlers.pop(sockaddr, None)
+        initting = getattr(cls, "initting_sessions", {})
+        for key, sess in list(initting.items()):
+            if _same(sess, host, port, username):
+                found[id(sess)] = sess
+                del initting[key]
+        for sess in found.values():
+            _drop(cls, sess)
+    return len(found)
+
+
+def _same(sess: Any, host: str, port: int, username: str) -> bool:
+    userid = getattr(sess, "userid", None)  # bytes once the session is set up
+    return (
+        getattr(sess, "bmc", None) == host
+        and getattr(sess, "port", None) == port
+        and userid in (username, username.encode())
+    )
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _drop(cls: Any, sess: Any) -> None:
+    getattr(cls, "keepalive_sessions", {}).pop(sess, None)
+    getattr(cls, "waiting_sessions", {}).pop(sess, None)
+    sess.lastpayload = None
+    sess.onlogpayload = None
+    sess.logged = 0
+    sess.logging = False
+    if not getattr(sess, "broken", False):
+        sess.broken = True
+        pool = getattr(cls, "socketpool", {})
+        sock = getattr(sess, "socket", None)
+        if sock is not None and pool.get(sock, 0) > 0:
+            pool[sock] -= 1
 
 
 def apply() -> None:

@@ -107,6 +107,7 @@ class IpmiSim(ProcessPeer):
         temperature_c: int = 40,
         power_watts: int = 700,
         workdir: Path | None = None,
+        port: int = 0,
     ) -> None:
         self.name = name
         self.username = username
@@ -116,7 +117,8 @@ class IpmiSim(ProcessPeer):
         self._watts = power_watts
         self._workdir_given = workdir
         self.workdir: Path | None = None
-        self.port = 0
+        self._port_given = port  # 0: a free one at each start
+        self.port = port
         self._proc: asyncio.subprocess.Process | None = None
         self._log: Any = None
 
@@ -216,7 +218,7 @@ class IpmiSim(ProcessPeer):
             self.workdir.mkdir(parents=True, exist_ok=True)
         else:
             self.workdir = Path(tempfile.mkdtemp(prefix=f"kiln-ipmi-{self.name}-"))
-        self.port = free_port(kind=socket.SOCK_DGRAM)
+        self.port = self._port_given or free_port(kind=socket.SOCK_DGRAM)
         lan, emu = self._write_files()
         sim_state = self.workdir / "sim-state"
         sim_state.mkdir(exist_ok=True)

@@ -8,7 +8,7 @@ import logging
 import pytest
 from bmc_peers import PASSWORD, USER, ipmitool, make_pool
 
-from controller.bmc import BmcCredentials, BootDevice, Health, parse_bmc_url
+from controller.bmc import BmcCredentials, BootDevice, Health, PowerAction, parse_bmc_url
 from controller.core.errors import BmcAuthenticationFailed, NotSupported
 from controller.sim.ipmi_sim import IpmiSim
 
@@ -77,3 +77,36 @@ async def test_wrong_password_is_auth_failure_without_leak(
         assert bmc.health.state == "ok"
     assert wrong not in caplog.text
     assert "retry" not in caplog.text
+
+
+@pytest.mark.parametrize("earlier_pool_closed", [True, False])
+async def test_a_bmc_restarted_on_an_address_answers_a_new_driver_at_once(
+    credentials: BmcCredentials, earlier_pool_closed: bool
+) -> None:
+    """pyghmi caches sessions per BMC address and user, and hands a cached one
+    to the next ``Command``. A BMC restarted at the same address (here: a new
+    ipmi_sim on the port of a stopped one) knows none of the old sessions;
+    the new driver must log in afresh, not inherit the dead session (the
+    earlier pool's logout got no answer, or it was never closed)."""
+    first = IpmiSim("bmc-before", USER, PASSWORD)
+    await first.start()
+    earlier = make_pool()
+    await earlier.__aenter__()
+    try:
+        old = earlier.get("node-1", parse_bmc_url(first.address), credentials)
+        assert (await old.power.state()).value == "off"
+        await first.stop()
+        if earlier_pool_closed:
+            await earlier.close()
+        again = IpmiSim("bmc-after", USER, PASSWORD, port=first.port)
+        await again.start()
+        try:
+            async with make_pool() as pool:
+                bmc = pool.get("node-1", parse_bmc_url(again.address), credentials)
+                assert (await bmc.power.set(PowerAction.ON, timeout=20)).value == "on"
+                assert bmc.health.state == "ok"
+            assert again.power_state() == "on"
+        finally:
+            await again.stop()
+    finally:
+        await earlier.close()
