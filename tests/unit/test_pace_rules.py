@@ -234,3 +234,52 @@ def test_late_reports_at_an_idle_controller_slow_nobody_down() -> None:
     assert p.judge(BUSY, now=200.0, busy=0.0) == 11.25
     off = ReportPace(PaceRules(busy_cores=0.0), budget=lambda: 5.0)
     assert off.judge(CALM, now=0.0, delays=late, busy=0.0) == 7.5
+
+
+def after_a_wave(
+    busy_after: float, *, overload_after: float = 0.0
+) -> tuple[float, ReportPace, int]:
+    """A burst of other work (say BMC reads) makes anything faster than 2 s
+    overload the controller for 20 minutes, so every retry fails and its
+    wait doubles; then the burst is over and the controller is calm at
+    ``busy_after`` cores (overloaded again below ``overload_after`` s).
+    Returns how long after the burst the agents were back at the 1 s
+    budget (or an hour, if never), the pace, and its slow-downs after the
+    burst."""
+    rules = PaceRules(
+        stretch=1.5, ease=1.25, margin=1.1, recheck=30.0, recheck_longest=600.0, busy_cores=0.8
+    )
+    p, _ = pace(budget=1.0, rules=rules)
+    now = 0.0
+    while now < 1200.0:
+        now += 5.0
+        p.judge(BUSY if p.interval() < 2.0 else CALM, now, busy=1.0)
+    over, slowed = now, 0
+    while p.interval() > 1.0 and now < over + 3600.0:
+        now += 5.0
+        before = p.interval()
+        late = before < overload_after
+        asked = p.judge(BUSY if late else CALM, now, busy=1.0 if late else busy_after)
+        slowed += asked is not None and asked > before
+    return now - over, p, slowed
+
+
+@pytest.mark.timeout(10)
+def test_after_a_burst_a_calm_controller_with_room_retries_before_its_doubled_wait() -> None:
+    quick, _, _ = after_a_wave(busy_after=0.3)
+    # Busy near its ceiling (0.7 cores, 0.875 after a 1.25x step): the
+    # retries wait as long as the burst taught them to.
+    slow, paced, _ = after_a_wave(busy_after=0.7)
+    assert paced.interval() == 1.0
+    assert quick <= 30.0 + 4 * 10.0  # calm for one recheck, then a step a window or two
+    assert slow >= 600.0
+    # A real ceiling (anything under 1.5 s overloads) at a calm 0.3 cores:
+    # the first early retry overloads, and the later retries wait their
+    # doubled waits as they would have without early retries: one retry's
+    # slow-downs (the overload, and the ceiling it moves) more in the hour,
+    # not one each recheck of calm.
+    held, p, slowed = after_a_wave(busy_after=0.3, overload_after=1.5)
+    _, _, slowed_without = after_a_wave(busy_after=0.7, overload_after=1.5)
+    assert held == 3600.0 and p.interval() >= 1.5
+    assert slowed_without >= 3600 // 600
+    assert slowed <= slowed_without + 2
