@@ -734,9 +734,10 @@ class Fleet:
         else:
             log.info(
                 "health reports: the controller keeps up (event loop %.0f ms late, reports "
-                "%.0f ms); %d agents asked to report every %.1fs",
+                "%.0f ms, at %.2f cores); %d agents asked to report every %.1fs",
                 pace.lag * 1000,
                 pace.report_delay * 1000,
+                pace.busy,
                 asked,
                 interval,
             )
