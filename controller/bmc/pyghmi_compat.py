@@ -93,7 +93,10 @@ def forget_sessions(host: str, port: int, username: str) -> int:
     with lock if lock is not None else _NoLock():
         found: dict[int, Any] = {}
         handlers = getattr(cls, "bmc_handlers", {})
-        for sockaddr, by_port in list(handlers.items()):
+        for sockaddr in _sockaddrs(host, port):  # a look-up, not a walk of the fleet's
+            by_port = handlers.get(sockaddr)
+            if by_port is None:
+                continue
             for local_port, sess in list(by_port.items()):
                 if _same(sess, host, port, username):
                     found[id(sess)] = sess
@@ -108,6 +111,22 @@ def forget_sessions(host: str, port: int, username: str) -> int:
         for sess in found.values():
             _drop(cls, sess)
     return len(found)
+
+
+def _sockaddrs(host: str, port: int) -> list[Any]:
+    """The keys pyghmi files ``host:port``'s sessions under in
+    ``bmc_handlers``: each address it resolves to, IPv4 ones also in their
+    IPv6-mapped form (pyghmi uses that form once it has an IPv6 socket)."""
+    try:
+        infos = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)
+    except OSError:  # does not resolve: pyghmi cannot have filed a session under it
+        return []
+    keys: list[Any] = []
+    for family, _type, _proto, _name, sockaddr in infos:
+        keys.append(sockaddr)
+        if family == socket.AF_INET:
+            keys.append((f"::ffff:{sockaddr[0]}", sockaddr[1], 0, 0))
+    return keys
 
 
 def _same(sess: Any, host: str, port: int, username: str) -> bool:
