@@ -43,17 +43,7 @@ long (up to ``recheck_longest``), one that holds halves it (down to
 ``recheck``), and a recheck calm at the budget forgets the ceiling.
 Slow-downs in a row (one overload, such as a fleet's bring-up, still being
 answered) set no ceiling: once it is over, the agents come back as fast as
-the budget allows.
-
-A retry comes early, before its wait is over, once the controller has been
-calm for ``recheck`` seconds in a row and the step fits: its CPU over the
-last window, scaled up by the step (``ease``), stays under ``busy_cores``.
-A wait that doubled while something else overloaded the controller (a
-burst of BMC reads, measured: 25,000 BMCs read again within minutes) then
-does not keep the agents slow for up to ``recheck_longest`` after the burst
-is over, while a controller at its real ceiling (busy near a core) still
-waits. An early retry that overloads again turns early retries off until a
-retry holds. Without the ceiling (``recheck`` 0), a controller
+the budget allows. Without the ceiling (``recheck`` 0), a controller
 offered more than it takes hunted: it slowed every agent, eased back into
 the same overload and slowed them again (every 30 s at 40,000 nodes:
 58,741 ``Pace`` messages in three minutes).
@@ -132,9 +122,6 @@ class ReportPace:
         self._eased = False  # whether the last change was an easing step
         self._overloads = 0  # slow-downs so far
         self._overloads_at_retry = -1  # ... at the last retry
-        self._calm_since: float | None = None  # when the windows became calm (None: not calm)
-        self._early = False  # whether the last retry came before its wait was over
-        self._early_failed = False  # an early retry overloaded: none until a retry holds
 
     @property
     def late(self) -> float:
@@ -166,14 +153,10 @@ class ReportPace:
         self.report_delay = statistics.median(delays) if len(delays) >= MIN_REPORTS else 0.0
         self.busy = busy
         rules = self.rules
-        calm = self.late < rules.ease_below
-        if not calm:
-            self._calm_since = None
-        elif self._calm_since is None:
-            self._calm_since = now - rules.window
         if not rules.longest or now < self._hold_until:
             return None
         before = self.interval()
+        calm = self.late < rules.ease_below
         if self.late > rules.slow_above:
             after = min(rules.longest, before * rules.stretch)
             if after <= before:
@@ -183,12 +166,10 @@ class ReportPace:
         elif calm and self.stretched:
             after, retry = before / rules.ease, False
             if self.ceiling and after < self.ceiling * rules.margin:
-                early = now < self._retry_at
-                if early and not self._fits_early(before / after, now):
+                if now < self._retry_at:
                     after = self.ceiling * rules.margin  # not the overload again, yet
                 else:
                     retry = True
-                    self._early = early
             budget = self._budget()
             if after <= budget:
                 self.stretched, after = 0.0, budget
@@ -206,18 +187,6 @@ class ReportPace:
         self._hold_until = now + max(rules.window, 2 * max(before, after))
         return after
 
-    def _fits_early(self, speedup: float, now: float) -> bool:
-        """Whether a retry may come before its wait is over: calm for a
-        recheck in a row, and the last window's CPU times ``speedup`` (the
-        reports' rate after the step over before it) under busy_cores."""
-        rules = self.rules
-        return (
-            not self._early_failed
-            and self._calm_since is not None
-            and now - self._calm_since >= rules.recheck
-            and self.busy * speedup < rules.busy_cores
-        )
-
     def _retried(self, interval: float, now: float) -> None:
         """A retry eased the agents to ``interval`` (one step below the
         ceiling's margin): it is held there a recheck in turn (0: the
@@ -225,7 +194,6 @@ class ReportPace:
         last retry held."""
         if self._overloads == self._overloads_at_retry:
             self._recheck = max(self.rules.recheck, self._recheck / 2)
-            self._early_failed = False
         self._overloads_at_retry = self._overloads
         self.ceiling = interval / self.rules.margin
         self._retry_at = now + self._recheck
@@ -244,7 +212,6 @@ class ReportPace:
             return
         if self.ceiling and interval <= self.ceiling * self.rules.margin * (1 + 1e-9):
             self._recheck = min(self.rules.recheck_longest, 2 * self._recheck)  # a retry failed
-            self._early_failed = self._early_failed or self._early
         self.ceiling = max(self.ceiling, interval)
         self._retry_at = now + self._recheck
 
