@@ -42,6 +42,7 @@ one is dead).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import select
 import socket
@@ -90,7 +91,7 @@ def forget_sessions(host: str, port: int, username: str) -> int:
     """
     cls = _session.Session
     lock = getattr(_session, "WAITING_SESSIONS", None)
-    with lock if lock is not None else _NoLock():
+    with lock if lock is not None else contextlib.nullcontext():
         found: dict[int, Any] = {}
         handlers = getattr(cls, "bmc_handlers", {})
         for sockaddr in _sockaddrs(host, port):  # a look-up, not a walk of the fleet's
@@ -136,14 +137,6 @@ def _same(sess: Any, host: str, port: int, username: str) -> bool:
         and getattr(sess, "port", None) == port
         and userid in (username, username.encode())
     )
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _drop(cls: Any, sess: Any) -> None:
