@@ -14,7 +14,12 @@ half at random: in a fleet of such nodes the watcher then costs next to
 nothing between those reads. The reads do not depend on the node's agent: a
 tray whose agent is silent (or whose OS hung) is watched all the same. A BMC
 that is slow holds up only its own node: a pass does not wait for a read
-still in flight from the last one. A pass that outlasts the interval (a
+still in flight from the last one. A pass hands its reads out evenly over
+``spread`` of the interval (0.8), the first ``burst`` (32) at once, the nodes
+whose detectors are watched first and always in the same order (each is then
+read at the same point of every pass): a wave of reads (25,000 BMCs asked
+again whether they have detectors) does not take the event loop from the
+agents' reports in bursts. A pass that outlasts the interval (a
 fleet with more BMCs than one controller reads in it) goes on, and the next
 begins once it has handed every node to a reader: no node is read twice
 before every node was read once, and a warning says so, once. A BMC that
@@ -99,6 +104,11 @@ DEFAULT_LEAK_REDISCOVER = 600.0
 # every 10 minutes were 42 reads a second, most of an idle controller's CPU.
 DEFAULT_LEAK_REDISCOVER_MAX = 3600.0
 DEFAULT_LEAK_MAX_BACKOFF = 300.0  # s: the longest wait before an unreadable BMC is read again
+# A pass hands its reads out over this share of the interval, the first
+# DEFAULT_LEAK_BURST at once: 400 reads started together held the event loop
+# (and with it every agent's report) for up to 0.7 s; spread, under 13 ms.
+DEFAULT_LEAK_SPREAD = 0.8
+DEFAULT_LEAK_BURST = 32
 # DMTF Resource.State values in which a detector is sensing (None: not reported).
 SENSING_STATES = frozenset({"Enabled", "Degraded", "Qualified"})
 MAX_REASON = 1024
@@ -166,6 +176,7 @@ class _Watched:
     none_share: float = 1.0  # of the wait after none_at (jitter, drawn at the read)
     failures: int = 0  # reads in a row that failed
     retry_at: float = 0.0  # monotonic: not read again before (after a failed read)
+    seen: int = 0  # detectors the last good read showed
 
 
 class _Feed:
@@ -180,6 +191,9 @@ class _Feed:
         batch: int,
         unseal: Callable[[list[NodeRecord]], Awaitable[dict[str, BmcTarget]]],
         dropped: Callable[[str], None],
+        *,
+        span: float = 0.0,
+        burst: int = 0,
     ) -> None:
         self._unseal = unseal
         self._dropped = dropped
@@ -189,6 +203,9 @@ class _Feed:
         self._batch = batch
         self._ready: list[tuple[NodeRecord, BmcTarget]] = []
         self._lock = asyncio.Lock()
+        self._span = span
+        self._burst = burst
+        self._handed = 0
 
     @property
     def left(self) -> int:
@@ -196,14 +213,27 @@ class _Feed:
         return len(self._waiting) + len(self._ready)
 
     async def next(self) -> tuple[NodeRecord, BmcTarget] | None:
-        """The next node to read and its target; None when none is left."""
+        """The next node to read and its target, at its turn; None when none is left."""
         while not self._ready:
             if not self._waiting:
                 return None
             async with self._lock:  # one reader unseals the next batch
                 if not self._ready and self._waiting:
                     await self._unseal_next()
-        return self._ready.pop()
+        taken = self._ready.pop()
+        turn = self._due(self._handed) - time.monotonic()
+        self._handed += 1
+        if turn > 0:
+            await asyncio.sleep(turn)
+        return taken
+
+    def _due(self, index: int) -> float:
+        """When the pass's ``index``-th read may begin: the first ``burst`` at
+        once, the rest evenly over ``span`` seconds from the pass's start."""
+        spread = self.size - self._burst
+        if index < self._burst or spread <= 0 or self._span <= 0:
+            return self.began
+        return self.began + self._span * (index - self._burst + 1) / spread
 
     async def _unseal_next(self) -> None:
         take = self._waiting[-self._batch :]
@@ -251,6 +281,8 @@ class LeakWatcher:
         # Each wait shortened by up to this share, at random: a fleet enrolled
         # in a few minutes would otherwise be asked again all at once.
         self.rediscover_jitter = 0.5
+        self.spread = DEFAULT_LEAK_SPREAD
+        self.burst = DEFAULT_LEAK_BURST
         self.clock: Callable[[], float] = time.monotonic  # tests may set it
         # A BMC that cannot be read is read again after a doubling delay, up
         # to 5 minutes: a fleet of dead BMCs must not cost a read each every
@@ -306,7 +338,7 @@ class LeakWatcher:
 
     async def _begin(self, now: float) -> tuple[_Feed, list[asyncio.Task[None]]]:
         """A new pass: its feed of the nodes to read, and its readers."""
-        nodes = [
+        due = [
             n
             for n in await self._nodes.records()
             if self._unsupported.get(n.name) != n.bmc_url
@@ -314,12 +346,26 @@ class LeakWatcher:
             and not self._without_detectors(n.name, now)
             and not self._backing_off(n.name, now)
         ]
+        # The nodes whose detectors are being watched come first, in a stable
+        # order: the spread below then reads each at the same point of every
+        # pass. Those only asked whether they have detectors yet follow.
+        nodes = [n for n in due if self._has_detectors(n.name)]
+        nodes += [n for n in due if not self._has_detectors(n.name)]
         # ``concurrency`` readers take the pass's nodes in turn, the targets
         # unsealed a batch at a time: a first pass over 25,000 nodes is not
-        # 25,000 tasks and one long unseal ahead of everything else.
+        # 25,000 tasks and one long unseal ahead of everything else. Their
+        # reads are handed out over ``spread`` of the interval (``burst`` at
+        # once): a wave of BMC reads does not hold up the event loop.
         for node in nodes:
             self._in_flight.add(node.name)
-        feed = _Feed(nodes, max(1, self.concurrency), self._targets, self._in_flight.discard)
+        feed = _Feed(
+            nodes,
+            max(1, self.concurrency),
+            self._targets,
+            self._in_flight.discard,
+            span=self.spread * self.interval,
+            burst=self.burst,
+        )
         readers = [
             self._reads.spawn(self._reader(feed))
             for _ in range(min(len(nodes), max(1, self.concurrency)))
@@ -396,6 +442,11 @@ class LeakWatcher:
                 self._memory(target.node).target = target
         return found
 
+    def _has_detectors(self, name: str) -> bool:
+        """Whether ``name``'s last good read showed detectors (or a state is kept)."""
+        kept = self._watched.get(name)
+        return kept is not None and (bool(kept.states) or kept.seen > 0)
+
     def _backing_off(self, name: str, now: float) -> bool:
         """Whether ``name``'s last read failed too recently to read it again."""
         kept = self._watched.get(name)
@@ -464,6 +515,7 @@ class LeakWatcher:
             return None
         memory = self._memory(name)
         memory.failures, memory.retry_at = 0, 0.0
+        memory.seen = len(readings)
         if memory.unreadable:
             log.info("node %s: leak detectors readable again", name)
             memory.unreadable = ""

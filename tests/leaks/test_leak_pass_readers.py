@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
@@ -35,12 +36,19 @@ class CountingGateway(PoolGateway):
     def __init__(self) -> None:
         super().__init__(make_pool(call_timeout=5.0), power_timeout=20.0)
         self.reads: Counter[str] = Counter()
+        self.order: list[str] = []  # every read, in the order begun
+        self.started: list[float] = []  # when each began (monotonic)
+        self.without: set[str] = set()  # nodes answered as having no detectors
         self.running = 0
         self.most_running = 0
         self.most_tasks = 0
 
     async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
         self.reads[target.node] += 1
+        self.order.append(target.node)
+        self.started.append(time.monotonic())
+        if target.node in self.without:  # an air-cooled box: its BMC shows none
+            return []
         self.running += 1
         self.most_running = max(self.most_running, self.running)
         self.most_tasks = max(self.most_tasks, len(asyncio.all_tasks()))
@@ -165,3 +173,42 @@ async def test_a_pass_that_outlasts_the_interval_finishes_before_the_next_begins
     assert set(gateway.reads.values()) == {2}
     (done,) = [r.getMessage() for r in caplog.records if "reached the last" in r.getMessage()]
     assert done.startswith(f"leak detectors: a pass over {NODES} nodes reached the last")
+
+
+@pytest.mark.timeout(90)
+async def test_a_pass_beyond_its_burst_hands_its_reads_out_over_the_interval(
+    counted: tuple[Fleet, CountingGateway],
+) -> None:
+    """400 reads begun at once held the event loop (every agent's report
+    waiting) for up to 0.7 s: past its burst, a pass hands its reads out
+    evenly over ``spread`` of the interval, none before its turn."""
+    fleet, gateway = counted
+    fleet.leaks.concurrency = NODES  # nothing but the spread holds a read back
+    fleet.leaks.interval, fleet.leaks.spread, fleet.leaks.burst = 1.0, 0.8, 2
+    began = time.monotonic()
+    await one_pass(fleet)
+    assert gateway.reads == EVERY_NODE_ONCE
+    starts = sorted(at - began for at in gateway.started)
+    # The burst at once; then one every 0.8 s / 10: the k-th not before k/10 of it.
+    turns = [0.0, 0.0] + [0.8 * k / (NODES - 2) for k in range(1, NODES - 1)]
+    assert all(at >= turn - 0.005 for at, turn in zip(starts, turns, strict=True)), starts
+    assert starts[-1] >= 0.795
+
+
+@pytest.mark.timeout(90)
+async def test_nodes_with_detectors_are_read_first_and_in_the_same_order_every_pass(
+    counted: tuple[Fleet, CountingGateway],
+) -> None:
+    """The nodes whose detectors are watched lead every pass, by name; those
+    only asked again whether they have any follow them."""
+    fleet, gateway = counted
+    fleet.leaks.concurrency = 1  # one reader: the reads in the pass's order
+    fleet.leaks.rediscover = 0.0  # those without detectors are asked every pass
+    gateway.without = {f"node-{i:05d}" for i in range(0, NODES, 2)}
+    await one_pass(fleet)
+    assert gateway.order == sorted(EVERY_NODE_ONCE)  # nothing known yet: by name
+    watched = [f"node-{i:05d}" for i in range(1, NODES, 2)]
+    for _ in range(2):
+        gateway.order.clear()
+        await one_pass(fleet)
+        assert gateway.order == watched + sorted(gateway.without)
