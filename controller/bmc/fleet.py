@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from controller.bmc.handle import Bmc
 from controller.core.errors import KilnError
+from controller.core.spread import Spread
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,8 +67,11 @@ async def run_bulk(
     op: Callable[[Bmc], Awaitable[T]],
     concurrency: int = 64,
     progress: Callable[[BulkProgress], None] | None = None,
+    spread: float = 0.0,
 ) -> BulkResult[T]:
-    """Run ``op`` on every target, at most ``concurrency`` at a time.
+    """Run ``op`` on every target, at most ``concurrency`` at a time, the
+    calls after the first few begun evenly over ``spread`` seconds
+    (``controller.core.spread``; 0: each as soon as a slot is free).
 
     Never raises for a node's failure: Kiln errors become the node's outcome
     (other exceptions too, as a programming error worth reporting). Cancelling
@@ -79,9 +83,10 @@ async def run_bulk(
     total = len(targets)
     counters = {"done": 0, "failed": 0}
     started = time.monotonic()
-    queue: asyncio.Queue[tuple[str, Bmc]] = asyncio.Queue()
-    for target in targets:
-        queue.put_nowait(target)
+    queue: asyncio.Queue[tuple[int, str, Bmc]] = asyncio.Queue()
+    for index, (node, bmc) in enumerate(targets):
+        queue.put_nowait((index, node, bmc))
+    turns = Spread(total, spread)
 
     async def one(node: str, bmc: Bmc) -> NodeOutcome[T]:
         t0 = time.monotonic()
@@ -109,9 +114,10 @@ async def run_bulk(
     async def worker() -> None:
         while True:
             try:
-                node, bmc = queue.get_nowait()
+                index, node, bmc = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
+            await turns.turn(index)
             outcome = await one(node, bmc)
             result.outcomes[node] = outcome
             counters["done"] += 1

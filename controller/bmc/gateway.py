@@ -155,13 +155,16 @@ class PoolGateway:
         await self._bmc(target).bios.set(attributes)
 
     async def poll_power(
-        self, targets: list[BmcTarget], concurrency: int
+        self, targets: list[BmcTarget], concurrency: int, *, spread: float = 0.0
     ) -> dict[str, tuple[str | None, str]]:
         async def read(bmc: Bmc) -> PowerState:
             return await bmc.power.state()
 
         result = await run_bulk(
-            [(t.node, self._bmc(t)) for t in targets], read, concurrency=concurrency
+            [(t.node, self._bmc(t)) for t in targets],
+            read,
+            concurrency=concurrency,
+            spread=spread,
         )
         polled: dict[str, tuple[str | None, str]] = {}
         for node, outcome in result.outcomes.items():

@@ -87,6 +87,7 @@ from controller.core.model import BmcTarget, DetectorHealth, LeakReading, LeakSt
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.records import NodeRecord
+from controller.core.spread import DEFAULT_BURST, Spread
 from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import load_node, move
@@ -105,10 +106,8 @@ DEFAULT_LEAK_REDISCOVER = 600.0
 DEFAULT_LEAK_REDISCOVER_MAX = 3600.0
 DEFAULT_LEAK_MAX_BACKOFF = 300.0  # s: the longest wait before an unreadable BMC is read again
 # A pass hands its reads out over this share of the interval, the first
-# DEFAULT_LEAK_BURST at once: 400 reads started together held the event loop
-# (and with it every agent's report) for up to 0.7 s; spread, under 13 ms.
+# DEFAULT_BURST at once (``core/spread.py``).
 DEFAULT_LEAK_SPREAD = 0.8
-DEFAULT_LEAK_BURST = 32
 # DMTF Resource.State values in which a detector is sensing (None: not reported).
 SENSING_STATES = frozenset({"Enabled", "Degraded", "Qualified"})
 MAX_REASON = 1024
@@ -203,8 +202,7 @@ class _Feed:
         self._batch = batch
         self._ready: list[tuple[NodeRecord, BmcTarget]] = []
         self._lock = asyncio.Lock()
-        self._span = span
-        self._burst = burst
+        self._spread = Spread(self.size, span, burst, began=self.began)
         self._handed = 0
 
     @property
@@ -221,19 +219,9 @@ class _Feed:
                 if not self._ready and self._waiting:
                     await self._unseal_next()
         taken = self._ready.pop()
-        turn = self._due(self._handed) - time.monotonic()
         self._handed += 1
-        if turn > 0:
-            await asyncio.sleep(turn)
+        await self._spread.turn(self._handed - 1)
         return taken
-
-    def _due(self, index: int) -> float:
-        """When the pass's ``index``-th read may begin: the first ``burst`` at
-        once, the rest evenly over ``span`` seconds from the pass's start."""
-        spread = self.size - self._burst
-        if index < self._burst or spread <= 0 or self._span <= 0:
-            return self.began
-        return self.began + self._span * (index - self._burst + 1) / spread
 
     async def _unseal_next(self) -> None:
         take = self._waiting[-self._batch :]
@@ -282,7 +270,7 @@ class LeakWatcher:
         # in a few minutes would otherwise be asked again all at once.
         self.rediscover_jitter = 0.5
         self.spread = DEFAULT_LEAK_SPREAD
-        self.burst = DEFAULT_LEAK_BURST
+        self.burst = DEFAULT_BURST
         self.clock: Callable[[], float] = time.monotonic  # tests may set it
         # A BMC that cannot be read is read again after a doubling delay, up
         # to 5 minutes: a fleet of dead BMCs must not cost a read each every

@@ -334,10 +334,12 @@ class BmcGateway(Protocol):
         ...
 
     async def poll_power(
-        self, targets: list[BmcTarget], concurrency: int
+        self, targets: list[BmcTarget], concurrency: int, *, spread: float = 0.0
     ) -> dict[str, tuple[str | None, str]]:
         """Read many BMCs' power at once: node → (state or None on failure, health).
-        Never raises for one BMC's failure; a broken BMC never slows the rest."""
+        Never raises for one BMC's failure; a broken BMC never slows the rest.
+        Past the first few, the reads begin evenly over ``spread`` seconds
+        (``core/spread.py``)."""
         ...
 
     def boot_media(self, url: str) -> str:

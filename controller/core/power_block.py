@@ -67,9 +67,9 @@ class PowerBlockGate:
         await self._inner.bios_set(target, attributes)
 
     async def poll_power(
-        self, targets: list[BmcTarget], concurrency: int
+        self, targets: list[BmcTarget], concurrency: int, *, spread: float = 0.0
     ) -> dict[str, tuple[str | None, str]]:
-        return await self._inner.poll_power(targets, concurrency)
+        return await self._inner.poll_power(targets, concurrency, spread=spread)
 
     def boot_media(self, url: str) -> str:
         return self._inner.boot_media(url)

@@ -2,7 +2,10 @@
 
 Every ``interval`` seconds all enrolled BMCs are read with bounded
 concurrency (a broken BMC's breaker makes it fail fast, so it never slows
-the rest). A node whose power is not what Kiln last set, or not what its
+the rest), past the first 32 begun evenly over half the interval, not all
+at once (``core/spread.py``): a pass over a large fleet does not hold the
+event loop, and the agents' reports with it, in one burst. BMCs slower than
+that spread asks for are read as fast as the concurrency allows. A node whose power is not what Kiln last set, or not what its
 state implies (a node in service should be on), gets one ``node.drift``
 event per change; if a job holds it, the job is told. The BMC's health is
 folded into the node's status either way.
@@ -26,6 +29,7 @@ from controller.core.states import NodeState, PowerState
 log = logging.getLogger(__name__)
 
 IN_SERVICE = (NodeState.READY, NodeState.ALLOCATED, NodeState.PREPARING)
+DEFAULT_POWER_SYNC_SPREAD = 0.5  # of the interval: a pass's reads, past the first few
 
 
 def expected_power(node: NodeRecord) -> PowerState | None:
@@ -86,6 +90,10 @@ class PowerSync:
         self._bmc = bmc
         self.interval = interval
         self.concurrency = concurrency
+        # The reads past the first few begin evenly over this share of the
+        # interval (``core/spread.py``): 25,000 BMCs read at once would hold
+        # the event loop, and every agent report with it, for seconds.
+        self.spread = DEFAULT_POWER_SYNC_SPREAD
         self.last_pass_seconds = 0.0
 
     async def run(self) -> None:
@@ -101,7 +109,9 @@ class PowerSync:
         started = time.monotonic()
         nodes = await self._nodes.records()
         targets = await self._nodes.targets(nodes)
-        polled = await self._bmc.poll_power(targets, self.concurrency)
+        polled = await self._bmc.poll_power(
+            targets, self.concurrency, spread=self.spread * self.interval
+        )
         drifted, written = await self._store.tx(lambda tx: self._apply(tx, polled))
         self.last_pass_seconds = time.monotonic() - started
         self.rows_written = len(written)

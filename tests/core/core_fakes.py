@@ -85,7 +85,7 @@ class FakeBmc:
         return None
 
     async def poll_power(
-        self, targets: list[BmcTarget], concurrency: int
+        self, targets: list[BmcTarget], concurrency: int, *, spread: float = 0.0
     ) -> dict[str, tuple[str | None, str]]:
         polled: dict[str, tuple[str | None, str]] = {}
         for t in targets:

@@ -109,7 +109,7 @@ class LoopbackBmc:
         return None
 
     async def poll_power(
-        self, targets: list[BmcTarget], concurrency: int
+        self, targets: list[BmcTarget], concurrency: int, *, spread: float = 0.0
     ) -> dict[str, tuple[str | None, str]]:
         return {t.node: (self.power.get(t.node, "off"), "ok") for t in targets}
 
