@@ -50,6 +50,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import requests
 import sushy
 from requests import PreparedRequest, Response
 from requests.adapters import HTTPAdapter
@@ -521,9 +522,10 @@ class RedfishDriver:
     def _sushy(self) -> sushy.Sushy:
         with self._setup_lock:
             if self._conn is None:
+                proxies, verify = _environment(self._address.base_url, self._tls.requests_verify)
                 connector = sushy_connector.Connector(
                     self._address.base_url,
-                    verify=self._tls.requests_verify,
+                    verify=verify,
                     # Kiln retries with backoff itself; keep sushy's own
                     # retry loops to a single attempt.
                     server_side_retries=1,
@@ -536,6 +538,8 @@ class RedfishDriver:
                 adapter = _CappedAdapter(self._max_response_bytes)
                 connector._session.mount("https://", adapter)
                 connector._session.mount("http://", adapter)
+                connector._session.proxies.update(proxies)
+                connector._session.trust_env = False
                 auth = sushy_auth.BasicAuth(
                     username=self._credentials.username, password=self._credentials.password
                 )
@@ -997,6 +1001,19 @@ _CONNECTION_CAUSES = (
     "Temporary failure in name resolution",
     "Remote end closed connection without response",
 )
+
+
+def _environment(base_url: str, verify: bool | str) -> tuple[dict[str, str], bool | str]:
+    """What the environment says for this BMC's URL (``HTTPS_PROXY`` and
+    ``NO_PROXY``; ``REQUESTS_CA_BUNDLE`` when ``verify`` is True), by
+    requests' own rules: the proxies and the ``verify`` to use. Read once per
+    driver (``trust_env`` off after): requests otherwise reads it again on
+    every call (every environment variable scanned for proxies, ``~/.netrc``
+    looked for), 10-20 % of a BMC read's CPU; and a ``~/.netrc`` is never
+    sent to a BMC."""
+    with requests.Session() as probe:
+        settings = probe.merge_environment_settings(base_url, {}, None, verify, None)
+    return dict(settings["proxies"]), settings["verify"]
 
 
 def _connection_reason(text: str) -> str:
