@@ -33,6 +33,7 @@ from controller.api.limits import DEFAULT_MAX_STREAMS, DEFAULT_RATE
 from controller.bmc.image_check import MODES
 from controller.checks import Suite, load_default_suite, load_suite
 from controller.core.errors import InvalidArgument, KilnError
+from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.provisioning import ProvisionLimits
@@ -203,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=seconds,
         default=60.0,
         help="seconds between power-state sync passes over every BMC",
+    )
+    p.add_argument(
+        "--power-sync-rate",
+        type=rate,
+        default=DEFAULT_POWER_SYNC_RATE,
+        help="BMCs power sync reads a second at most; a fleet larger than the interval "
+        "allows at this rate is read over a longer pass (default %(default)g)",
     )
     p.add_argument(
         "--leak-interval",
@@ -468,6 +476,7 @@ def parse(argv: list[str] | None = None) -> Options:
         http_listen=args.http_listen,
         mqtt_access=mqtt_access,
         power_sync_interval=args.power_sync_interval,
+        power_sync_rate=args.power_sync_rate,
         leak_interval=args.leak_interval,
         bmc_call_timeout=args.bmc_call_timeout,
         bmc_power_timeout=args.bmc_power_timeout,

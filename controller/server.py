@@ -51,6 +51,7 @@ from controller.checks import Suite
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
+from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.provisioning import ProvisionLimits
@@ -213,6 +214,7 @@ class ControllerConfig:
     http_listen: str | None = None  # HOST:PORT of /metrics (None: not served)
     mqtt_access: BrokerAccess | None = None  # its credentials and TLS (None: anonymous, plain)
     power_sync_interval: float = 60.0
+    power_sync_rate: float = DEFAULT_POWER_SYNC_RATE  # BMC reads a second at most (0: no cap)
     leak_interval: float = 5.0  # seconds between reads of every node's leak detectors
     # OS provisioning (docs/provisioning.md): the image catalogue (None: the
     # file images_file, or the packaged images/catalog.yaml), the image server
@@ -372,6 +374,7 @@ class ControllerServer:
             sample_interval=cfg.sample_interval,
             rules=rules,
             power_sync_interval=cfg.power_sync_interval,
+            power_sync_rate=cfg.power_sync_rate,
             leak_interval=cfg.leak_interval,
             prep_limits=cfg.prep_limits,
             agent_silent_after=cfg.agent_silent_after,

@@ -63,7 +63,7 @@ from controller.core.paging import (
 )
 from controller.core.ports import BmcGateway, ImageVerifier, Store
 from controller.core.power_block import PowerBlockGate
-from controller.core.power_sync import PowerSync
+from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE, PowerSync
 from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import HealthGate, ProfileCatalog
 from controller.core.provisioning import (
@@ -122,6 +122,7 @@ class Fleet:
         sample_interval: float = 5.0,
         rules: RuleSet | None = None,
         power_sync_interval: float = 60.0,
+        power_sync_rate: float = DEFAULT_POWER_SYNC_RATE,
         prep_limits: PrepLimits | None = None,
         agent_silent_after: float = 15.0,
         bmc_thermal_interval: float = 10.0,
@@ -203,6 +204,7 @@ class Fleet:
             self.nodes,
             bmc,
             interval=power_sync_interval,
+            rate=power_sync_rate,
             on_change=self.allocations.schedule_pass,  # a BMC answering again frees a node
             on_node_changed=self.lifecycle.poke,
             meter=self.meter,

@@ -5,7 +5,11 @@ concurrency (a broken BMC's breaker makes it fail fast, so it never slows
 the rest), past the first 32 begun evenly over half the interval, not all
 at once (``core/spread.py``): a pass over a large fleet does not hold the
 event loop, and the agents' reports with it, in one burst. BMCs slower than
-that spread asks for are read as fast as the concurrency allows. A node whose power is not what Kiln last set, or not what its
+that spread asks for are read as fast as the concurrency allows. At most
+``rate`` reads begin a second (200 by default): a fleet too large to read
+in the interval at that rate is read over a longer pass, and a warning says
+so once, rather than the passes taking the controller's CPU from its agents
+and its API. A node whose power is not what Kiln last set, or not what its
 state implies (a node in service should be on), gets one ``node.drift``
 event per change; if a job holds it, the job is told. The BMC's health is
 folded into the node's status either way.
@@ -30,6 +34,11 @@ log = logging.getLogger(__name__)
 
 IN_SERVICE = (NodeState.READY, NodeState.ALLOCATED, NodeState.PREPARING)
 DEFAULT_POWER_SYNC_SPREAD = 0.5  # of the interval: a pass's reads, past the first few
+# BMC reads a second at most (0: no cap). Each read is 1.3-3.8 ms of the one
+# interpreter's CPU (measured, bench/bmc_pass_spread.py, bench/bmc_power_sync.py):
+# 25,000 BMCs every 60 s were more than the controller's core, and paced its
+# agents to one report in 17 s. At 200 a second 10,000 BMCs take 50 s a pass.
+DEFAULT_POWER_SYNC_RATE = 200.0
 
 
 def expected_power(node: NodeRecord) -> PowerState | None:
@@ -74,6 +83,7 @@ class PowerSync:
         *,
         interval: float = 60.0,
         concurrency: int = 256,
+        rate: float = DEFAULT_POWER_SYNC_RATE,
         on_change: Callable[[], Awaitable[None]] | None = None,
         on_node_changed: Callable[[str], None] | None = None,
         meter: Meter | None = None,
@@ -94,6 +104,10 @@ class PowerSync:
         # interval (``core/spread.py``): 25,000 BMCs read at once would hold
         # the event loop, and every agent report with it, for seconds.
         self.spread = DEFAULT_POWER_SYNC_SPREAD
+        if rate < 0:
+            raise ValueError("the power sync rate must be 0 (no cap) or more")
+        self.rate = rate
+        self._said_slow = False  # the fleet outgrew the interval at this rate: said once
         self.last_pass_seconds = 0.0
 
     async def run(self) -> None:
@@ -110,7 +124,7 @@ class PowerSync:
         nodes = await self._nodes.records()
         targets = await self._nodes.targets(nodes)
         polled = await self._bmc.poll_power(
-            targets, self.concurrency, spread=self.spread * self.interval
+            targets, self.concurrency, spread=self._span(len(targets))
         )
         drifted, written = await self._store.tx(lambda tx: self._apply(tx, polled))
         self.last_pass_seconds = time.monotonic() - started
@@ -129,6 +143,24 @@ class PowerSync:
         if written and self._on_change is not None:
             await self._on_change()  # e.g. a node held back by its BMC is free again
         return drifted
+
+    def _span(self, count: int) -> float:
+        """Seconds a pass of ``count`` reads is spread over: ``spread`` of the
+        interval, or longer if ``rate`` caps the reads a second (said once)."""
+        span = self.spread * self.interval
+        capped = count / self.rate if self.rate > 0 else 0.0
+        if capped > self.interval and not self._said_slow:
+            log.warning(
+                "power sync: %d BMCs at %g a second (--power-sync-rate) take %.0fs a pass, "
+                "longer than the %gs interval: each BMC is read about every %.0fs",
+                count,
+                self.rate,
+                capped,
+                self.interval,
+                capped + self.interval,
+            )
+        self._said_slow = capped > self.interval
+        return max(span, capped)
 
     @staticmethod
     def _apply(tx: Tx, polled: dict[str, tuple[str | None, str]]) -> tuple[list[str], list[str]]:

@@ -31,6 +31,7 @@ class FakeBmc:
     power: dict[str, str] = field(default_factory=dict)  # node → "on" / "off"
     unreachable: set[str] = field(default_factory=set)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    spreads: list[float] = field(default_factory=list)  # each poll_power's spread (s)
     firmware: dict[str, str] = field(default_factory=dict)  # every BMC's inventory
     firmware_errors: dict[str, Exception] = field(default_factory=dict)  # node → raised
 
@@ -87,6 +88,7 @@ class FakeBmc:
     async def poll_power(
         self, targets: list[BmcTarget], concurrency: int, *, spread: float = 0.0
     ) -> dict[str, tuple[str | None, str]]:
+        self.spreads.append(spread)
         polled: dict[str, tuple[str | None, str]] = {}
         for t in targets:
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -164,6 +165,30 @@ async def test_power_sync_tells_once_per_change_and_an_unreadable_bmc_only_chang
     await f.power_sync.run_once()
     node = await f.get_node(other)
     assert node.bmc_health == "unreachable" and node.power == before
+
+
+async def test_power_sync_spreads_a_pass_and_a_fleet_beyond_its_rate_gets_a_longer_one(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = make_fleet(power_sync_interval=60.0, power_sync_rate=200.0)
+    async with contextlib.AsyncExitStack() as stack:
+        await Racks(f, stack).add(["n1", "n2", "n3"], rack="r1")
+        await f.power_sync.run_once()
+        assert bmc.spreads == [30.0]  # half the interval: 3 BMCs at 200/s fit in it
+        caplog.set_level(logging.WARNING, logger="controller.core.power_sync")
+        f.power_sync.rate = 0.04  # 3 BMCs at 0.04 a second: 75 s, beyond the 60 s interval
+        await f.power_sync.run_once()
+        await f.power_sync.run_once()
+        assert bmc.spreads[1:] == [pytest.approx(75.0)] * 2
+        (said,) = [r.getMessage() for r in caplog.records]  # once, not every pass
+        assert said.startswith("power sync: 3 BMCs at 0.04 a second (--power-sync-rate)")
+        assert "take 75s a pass, longer than the 60s interval" in said
+        f.power_sync.rate = 200.0  # back within the interval: said again if it outgrows it
+        await f.power_sync.run_once()
+        assert bmc.spreads[-1] == 30.0
+        await f.stop()
+    with pytest.raises(ValueError, match="0 \\(no cap\\) or more"):
+        make_fleet(power_sync_rate=-1.0)
 
 
 async def test_a_drift_report_is_stored_typed_and_wakes_event_watchers(
