@@ -164,6 +164,7 @@ def test_controller_unit_defaults() -> None:
     assert args.db is None
     assert args.profiles is None and args.rules is None and args.queues is None
     assert args.power_sync_interval == 60.0
+    assert args.power_sync_rate == 200.0
 
 
 def test_controller_unit_with_a_remote_broker_and_every_option() -> None:
@@ -175,6 +176,7 @@ def test_controller_unit_with_a_remote_broker_and_every_option() -> None:
         kiln_controller_queues_src="/src/queues.yaml",
         kiln_controller_verbose=True,
         kiln_controller_power_sync_interval=30,
+        kiln_controller_power_sync_rate=500,
     )
     args = controller_parser().parse_args(argv)
     assert args.mqtt == "ctl-1:1883"
@@ -184,6 +186,7 @@ def test_controller_unit_with_a_remote_broker_and_every_option() -> None:
     assert args.queues == Path("/etc/kiln/queues.yaml")
     assert args.verbose is True
     assert args.power_sync_interval == 30.0
+    assert args.power_sync_rate == 500.0
 
 
 def test_controller_unit_without_a_broker_has_no_mqtt() -> None:
