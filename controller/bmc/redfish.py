@@ -1006,11 +1006,11 @@ _CONNECTION_CAUSES = (
 def _environment(base_url: str, verify: bool | str) -> tuple[dict[str, str], bool | str]:
     """What the environment says for this BMC's URL (``HTTPS_PROXY`` and
     ``NO_PROXY``; ``REQUESTS_CA_BUNDLE`` when ``verify`` is True), by
-    requests' own rules: the proxies and the ``verify`` to use. Read once per
-    driver (``trust_env`` off after): requests otherwise reads it again on
-    every call (every environment variable scanned for proxies, ``~/.netrc``
-    looked for), 10-20 % of a BMC read's CPU; and a ``~/.netrc`` is never
-    sent to a BMC."""
+    requests' own rules: the proxies and the ``verify`` to use. Read when a
+    BMC's session is set up (``trust_env`` off after): requests otherwise
+    reads it again on every call (every environment variable scanned for
+    proxies, ``~/.netrc`` looked for), 10-20 % of a BMC read's CPU; and a
+    ``~/.netrc`` is never sent to a BMC."""
     with requests.Session() as probe:
         settings = probe.merge_environment_settings(base_url, {}, None, verify, None)
     return dict(settings["proxies"]), settings["verify"]
