@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import socket
 import sys
 import time
 from pathlib import Path
@@ -47,12 +46,7 @@ from controller.bmc.gateway import PoolGateway  # noqa: E402
 from controller.bmc.pool import BmcPool  # noqa: E402
 from controller.core.leaks import DEFAULT_LEAK_SPREAD as SPREAD  # noqa: E402
 from controller.core.model import BmcTarget  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from controller.sim.ports import free_port  # noqa: E402
 
 
 async def passes(

@@ -337,8 +337,11 @@ class LeakWatcher:
         # The nodes whose detectors are being watched come first, in a stable
         # order: the spread below then reads each at the same point of every
         # pass. Those only asked whether they have detectors yet follow.
-        nodes = [n for n in due if self._has_detectors(n.name)]
-        nodes += [n for n in due if not self._has_detectors(n.name)]
+        watched: list[NodeRecord] = []
+        asked: list[NodeRecord] = []
+        for n in due:
+            (watched if self._has_detectors(n.name) else asked).append(n)
+        nodes = watched + asked
         # ``concurrency`` readers take the pass's nodes in turn, the targets
         # unsealed a batch at a time: a first pass over 25,000 nodes is not
         # 25,000 tasks and one long unseal ahead of everything else. Their
