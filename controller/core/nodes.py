@@ -350,7 +350,7 @@ class Nodes:
 
     async def targets(self, nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
         """How to reach each node's BMC (passwords unsealed by the store)."""
-        return await self._store.read(lambda tx: [tx.nodes.bmc_target(n) for n in nodes])
+        return await self._store.read(lambda tx: tx.nodes.bmc_targets(nodes))
 
     async def target(self, node: NodeRecord) -> BmcTarget:
         return (await self.targets([node]))[0]

@@ -99,6 +99,15 @@ class NodeRepository(Protocol):
         """
         ...
 
+    def bmc_targets(self, nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
+        """``bmc_target`` of each node, in order, read in bulk (a pass over
+        the fleet reads thousands). A node no longer stored gets an empty
+        password (its read fails at the BMC, not here).
+
+        Raises FailedPrecondition when a password was sealed with another key.
+        """
+        ...
+
     def gpus(self, name: str) -> list[GpuInfo]:
         """The node's GPUs by index."""
         ...

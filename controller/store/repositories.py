@@ -257,6 +257,9 @@ _NODES_HELD_BY = {
     for health, stmt in _NODE_SELECT.items()
 }
 _NODE_PASSWORD = core_select(_NODES.c.bmc_password).where(_NODES.c.name == bindparam("b_name"))
+_NODE_PASSWORDS = core_select(_NODES.c.name, _NODES.c.bmc_password).where(
+    _NODES.c.name.in_(bindparam("b_names", expanding=True))
+)
 # SET names the columns of the parameters given (the changed ones).
 _NODE_UPDATE = update(_NODES).where(_NODES.c.name == bindparam("b_name"))
 _NODE_INSERT = insert(_NODES)
@@ -419,11 +422,24 @@ class SqlNodes:
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:
         sealed = self._execute(_NODE_PASSWORD, {"b_name": node.name}).scalar()
+        return self._target(node, sealed or "")
+
+    def bmc_targets(self, nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
+        # One SELECT a chunk of names, not one a node: 25,000 one-row reads
+        # were 1.1 s of CPU a power sync pass.
+        names = [n.name for n in nodes]
+        sealed: dict[str, str] = {}
+        for start in range(0, len(names), _IN_CHUNK):
+            params = {"b_names": names[start : start + _IN_CHUNK]}
+            sealed.update(iter(self._execute(_NODE_PASSWORDS, params).tuples()))
+        return [self._target(n, sealed.get(n.name) or "") for n in nodes]
+
+    def _target(self, node: NodeRecord, sealed: str) -> BmcTarget:
         return BmcTarget(
             node=node.name,
             url=node.bmc_url,
             username=node.bmc_username,
-            password=self._secrets.open(sealed or ""),
+            password=self._secrets.open(sealed),
             insecure=node.bmc_insecure,
             ca_bundle=node.bmc_ca_bundle,
         )

@@ -152,6 +152,9 @@ class MemoryNodes:
             ca_bundle=node.bmc_ca_bundle,
         )
 
+    def bmc_targets(self, nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
+        return [self.bmc_target(n) for n in nodes]
+
     def gpus(self, name: str) -> list[GpuInfo]:
         return list(self._s.gpus.get(name, []))
 
