@@ -1,18 +1,20 @@
 """Power-state sync: notice nodes whose power changed behind Kiln's back.
 
-Every ``interval`` seconds all enrolled BMCs are read with bounded
-concurrency (a broken BMC's breaker makes it fail fast, so it never slows
-the rest), past the first 32 begun evenly over half the interval, not all
+Every ``interval`` seconds, from the start of one pass to the start of the
+next, all enrolled BMCs are read with bounded concurrency (a broken BMC's
+breaker makes it fail fast, so it never slows the rest), past the first 32
+begun evenly over half the interval, not all
 at once (``core/spread.py``): a pass over a large fleet does not hold the
 event loop, and the agents' reports with it, in one burst. BMCs slower than
 that spread asks for are read as fast as the concurrency allows. At most
 ``rate`` reads begin a second (200 by default): a fleet too large to read
 in the interval at that rate is read over a longer pass, and a warning says
 so once, rather than the passes taking the controller's CPU from its agents
-and its API. A node whose power is not what Kiln last set, or not what its
-state implies (a node in service should be on), gets one ``node.drift``
-event per change; if a job holds it, the job is told. The BMC's health is
-folded into the node's status either way.
+and its API; such passes are a quarter of an interval apart. A node whose power is
+not what Kiln last set, or not what its state implies (a node in service
+should be on), gets one ``node.drift`` event per change; if a job holds it,
+the job is told. The BMC's health is folded into the node's status either
+way.
 """
 
 from __future__ import annotations
@@ -34,11 +36,21 @@ log = logging.getLogger(__name__)
 
 IN_SERVICE = (NodeState.READY, NodeState.ALLOCATED, NodeState.PREPARING)
 DEFAULT_POWER_SYNC_SPREAD = 0.5  # of the interval: a pass's reads, past the first few
+QUIET_SHARE = 0.25  # of the interval: the least time between one pass's end and the next
 # BMC reads a second at most (0: no cap). Each read is 1.3-3.8 ms of the one
 # interpreter's CPU (measured, bench/bmc_pass_spread.py, bench/bmc_power_sync.py):
 # 25,000 BMCs every 60 s were more than the controller's core, and paced its
 # agents to one report in 17 s. At 200 a second 10,000 BMCs take 50 s a pass.
 DEFAULT_POWER_SYNC_RATE = 200.0
+
+
+def pause_before_next(began: float, now: float, interval: float) -> float:
+    """Seconds to wait before the next pass: it begins ``interval`` after the
+    last one began (a pass spread over half the interval still comes round
+    every interval), and never sooner than a quarter of an interval after
+    the last one ended (a fleet too large for the interval at the rate cap is read
+    over longer passes, with quiet time between them for the agents)."""
+    return max(began + interval - now, interval * QUIET_SHARE)
 
 
 def expected_power(node: NodeRecord) -> PowerState | None:
@@ -111,8 +123,10 @@ class PowerSync:
         self.last_pass_seconds = 0.0
 
     async def run(self) -> None:
+        began = time.monotonic()
         while True:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(pause_before_next(began, time.monotonic(), self.interval))
+            began = time.monotonic()
             try:
                 await self.run_once()
             except Exception:
@@ -157,7 +171,7 @@ class PowerSync:
                 self.rate,
                 capped,
                 self.interval,
-                capped + self.interval,
+                capped + pause_before_next(0.0, capped, self.interval),
             )
         self._said_slow = capped > self.interval
         return max(span, capped)

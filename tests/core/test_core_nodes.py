@@ -17,6 +17,7 @@ from controller.core.fleet import Fleet
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.model import AllocationSpec
 from controller.core.ports import Store
+from controller.core.power_sync import pause_before_next
 from controller.core.profiles import ProfileCatalog, parse_profile
 from controller.core.states import AllocationState, NodeState, PowerState
 from controller.core.transitions import load_node, move
@@ -183,12 +184,22 @@ async def test_power_sync_spreads_a_pass_and_a_fleet_beyond_its_rate_gets_a_long
         (said,) = [r.getMessage() for r in caplog.records]  # once, not every pass
         assert said.startswith("power sync: 3 BMCs at 0.04 a second (--power-sync-rate)")
         assert "take 75s a pass, longer than the 60s interval" in said
+        assert "each BMC is read about every 90s" in said  # the pass and a quarter interval
         f.power_sync.rate = 200.0  # back within the interval: said again if it outgrows it
         await f.power_sync.run_once()
         assert bmc.spreads[-1] == 30.0
         await f.stop()
     with pytest.raises(ValueError, match="0 \\(no cap\\) or more"):
         make_fleet(power_sync_rate=-1.0)
+
+
+def test_power_sync_passes_begin_an_interval_apart_and_long_ones_a_quarter_apart() -> None:
+    # A pass that began at 0 and ended at ``now``, the interval 60 s:
+    assert pause_before_next(0.0, 0.2, 60.0) == pytest.approx(59.8)  # a few BMCs
+    assert pause_before_next(0.0, 30.5, 60.0) == pytest.approx(29.5)  # spread over half
+    assert pause_before_next(0.0, 50.0, 60.0) == 15.0  # slow BMCs: a quarter interval of quiet
+    assert pause_before_next(0.0, 125.0, 60.0) == 15.0  # beyond the interval at the rate cap
+    assert pause_before_next(100.0, 100.0, 60.0) == 60.0  # the first pass, an interval in
 
 
 async def test_a_drift_report_is_stored_typed_and_wakes_event_watchers(
