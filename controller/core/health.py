@@ -7,10 +7,10 @@ them. A reading that was not taken, failed or is not a number is ``None``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from kiln_common.values import value_class
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class GpuHealth:
     index: int
     uuid: str = ""
@@ -43,7 +43,7 @@ class GpuHealth:
     errors: tuple[str, ...] = ()  # readings that failed, e.g. "remapped rows: Not Supported"
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class HealthReport:
     sampled_at: float = 0.0  # unix seconds
     source: str = "agent"  # "agent" or "bmc"
@@ -53,7 +53,7 @@ class HealthReport:
     drift: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class HealthSample:
     """A node's latest report and when its agent was last heard from, as the
     write-behind persists it (``controller/core/live.py``)."""

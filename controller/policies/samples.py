@@ -14,13 +14,14 @@ the same node (events, not a level): a sample without an XID ends its episode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+from kiln_common.values import value_class
 
 SampleSource = Literal["agent", "bmc"]
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class GpuReading:
     """One GPU's health at the instant of a sample.
 
@@ -47,7 +48,7 @@ class GpuReading:
     recovery_action: int | None = None  # NVML's recovery action field (None: not read)
 
 
-@dataclass(frozen=True, slots=True)
+@value_class
 class HealthSample:
     """One health report for ``node`` (in ``rack``) taken at ``at`` (unix seconds).
 
