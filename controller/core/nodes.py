@@ -227,16 +227,25 @@ class Nodes:
     def unhealthy(self, node: NodeRecord) -> str:
         """Why the node's latest report fails the fleet's baseline gate ("" when
         it passes, or when there is no gate or no report with GPUs yet)."""
-        gate = self.baseline_gate
         health = self.latest_health(node)
-        if gate is None or health is None or not health.gpus:
-            return ""
-        kept = self._verdicts.get(node.name)
+        return "" if health is None else self.judge(node.name, health)
+
+    def judge(self, name: str, health: HealthReport) -> str:
+        """``unhealthy`` of ``name`` were ``health`` its latest report: judged
+        once per report and kept with it (a report arriving is judged before
+        it is the latest, so that only a changed verdict reschedules)."""
+        kept = self._verdicts.get(name)
         if kept is not None and kept[0] is health:
             return kept[1]
-        verdict = "; ".join(gate_problems(gate, health))
-        self._verdicts[node.name] = (health, verdict)
+        gate = self.baseline_gate
+        verdict = "" if gate is None or not health.gpus else "; ".join(gate_problems(gate, health))
+        self._verdicts[name] = (health, verdict)
         return verdict
+
+    def verdict(self, name: str) -> str | None:
+        """The baseline gate's last verdict on ``name`` (None: none judged yet)."""
+        kept = self._verdicts.get(name)
+        return None if kept is None else kept[1]
 
     def judged_unhealthy(self, name: str) -> bool:
         """Whether the node's last judged report failed the baseline (no new judging)."""

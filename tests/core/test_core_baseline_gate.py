@@ -68,3 +68,30 @@ async def test_uncorrectable_ecc_holds_back_and_no_gate_means_no_hold(
     async with fleet_of(make_fleet, baseline_gate=None) as f:
         await f.agent_health("n1", report(dbe=1))
         assert (await f.get_node("n1")).schedulable
+
+
+async def test_a_report_marks_its_node_for_the_scheduler_only_when_the_verdict_changes(
+    make_fleet: Callable[..., Fleet],
+) -> None:
+    """Thousands of reports a second each used to make the next scheduling
+    pass work out the reporting node's spec again; only a changed verdict
+    can change what the scheduler sees."""
+    async with fleet_of(make_fleet) as f:
+        specs = f.allocations.specs
+        marked: list[str] = []
+        touch = specs.touch
+        specs.touch = lambda name: (marked.append(name), touch(name))[1]  # type: ignore[method-assign]
+        await f.agent_health("n1", report())
+        first = list(marked)
+        for _ in range(5):
+            await f.agent_health("n1", report())  # passing, as before: nothing to look at
+        assert marked == first
+        await f.agent_health("n1", report(dbe=2))
+        assert marked == [*first, "n1"]
+        await f.agent_health("n1", report(dbe=3))  # fails again, for another reason
+        assert marked == [*first, "n1", "n1"]
+        await f.agent_health("n1", report(dbe=3))  # the same verdict
+        assert marked == [*first, "n1", "n1"]
+        await f.agent_health("n1", report())
+        assert marked == [*first, "n1", "n1", "n1"]
+        assert (await f.get_node("n1")).schedulable

@@ -33,9 +33,7 @@ def test_values_compare_and_hash_by_their_fields_and_copy_like_dataclasses() -> 
 def test_the_type_checker_refuses_to_change_a_field(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "from controller.core.health import GpuHealth\n"
-        "g = GpuHealth(index=0)\n"
-        "g.temp_c = 99.0\n"
+        "from controller.core.health import GpuHealth\ng = GpuHealth(index=0)\ng.temp_c = 99.0\n"
     )
     out, _, status = mypy_api.run(
         [str(probe), "--no-incremental", "--follow-imports=silent", "--config-file", ""]
