@@ -3,18 +3,17 @@
 Every ``interval`` seconds, from the start of one pass to the start of the
 next, all enrolled BMCs are read with bounded concurrency (a broken BMC's
 breaker makes it fail fast, so it never slows the rest), past the first 32
-begun evenly over half the interval, not all
-at once (``core/spread.py``): a pass over a large fleet does not hold the
-event loop, and the agents' reports with it, in one burst. BMCs slower than
-that spread asks for are read as fast as the concurrency allows. At most
-``rate`` reads begin a second (200 by default): a fleet too large to read
-in the interval at that rate is read over a longer pass, and a warning says
-so once, rather than the passes taking the controller's CPU from its agents
-and its API; such passes are a quarter of an interval apart. A node whose power is
-not what Kiln last set, or not what its state implies (a node in service
-should be on), gets one ``node.drift`` event per change; if a job holds it,
-the job is told. The BMC's health is folded into the node's status either
-way.
+begun evenly over half the interval, not all at once (``core/spread.py``):
+a pass over a large fleet does not hold the event loop, and the agents'
+reports with it, in one burst. BMCs slower than that spread asks for are
+read as fast as the concurrency allows. At most ``rate`` reads begin a
+second (200 by default): a fleet too large to read in the interval at that
+rate is read over a longer pass, and a warning says so once, rather than
+the passes taking the controller's CPU from its agents and its API; such
+passes are a quarter of an interval apart. A node whose power is not what
+Kiln last set, or not what its state implies (a node in service should be
+on), gets one ``node.drift`` event per change; if a job holds it, the job
+is told. The BMC's health is folded into the node's status either way.
 """
 
 from __future__ import annotations
@@ -48,8 +47,8 @@ def pause_before_next(began: float, now: float, interval: float) -> float:
     """Seconds to wait before the next pass: it begins ``interval`` after the
     last one began (a pass spread over half the interval still comes round
     every interval), and never sooner than a quarter of an interval after
-    the last one ended (a fleet too large for the interval at the rate cap is read
-    over longer passes, with quiet time between them for the agents)."""
+    the last one ended (a fleet too large for the interval at the rate cap
+    is read over longer passes, with quiet time between them)."""
     return max(began + interval - now, interval * QUIET_SHARE)
 
 
