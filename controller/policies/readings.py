@@ -38,6 +38,9 @@ class SeriesValue:
 
 def plausible_temp(t: float | None) -> float | None:
     """``t`` if it is a finite, physically possible temperature, else ``None``."""
+    if t.__class__ is float:  # the common case, once per GPU per rule of every report
+        # NaN and the infinities fail the range test.
+        return t if MIN_PLAUSIBLE_C <= t <= MAX_PLAUSIBLE_C else None
     if t is None or isinstance(t, bool):
         return None
     try:
