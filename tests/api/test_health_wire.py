@@ -87,3 +87,15 @@ def test_a_reading_that_is_not_a_finite_number_is_unknown(bad: float) -> None:
     assert gpu.temp_c is None and gpu.slowdown_c is None
     assert gpu.power_w == 350.0
     assert report.bmc_temps_c == (38.5,)
+
+
+@pytest.mark.timeout(10)
+def test_each_flag_comes_through_as_itself() -> None:
+    """The flags all read True in the test above, so one read into another's
+    place would pass it: each is set alone here."""
+    flags = [f.name for f in dataclasses.fields(GpuHealth) if f.type in ("bool", "bool | None")]
+    assert len(flags) >= 4, flags
+    for name in flags:
+        gpu = GpuHealth(index=0, **{name: True})  # type: ignore[arg-type]
+        back = _round_trip(HealthReport(sampled_at=1.0, gpus=(gpu,))).gpus[0]
+        assert [f for f in flags if getattr(back, f)] == [name]
