@@ -249,8 +249,7 @@ class Nodes:
 
     def judged_unhealthy(self, name: str) -> bool:
         """Whether the node's last judged report failed the baseline (no new judging)."""
-        kept = self._verdicts.get(name)
-        return bool(kept and kept[1])
+        return bool(self.verdict(name))
 
     def unhealthy_now(self, name: str) -> str:
         """``unhealthy`` for a node by name ("" for an unknown one)."""
