@@ -75,24 +75,24 @@ class _View:
                 if loc is not None:
                     hit.setdefault(loc[0], set()).add(loc[1])
             for d, idx in hit.items():
-                self.adj[d] = tuple(i for i in usage.dom[d].free if i not in idx)
+                self.adj[d] = tuple(i for i in usage.state(d).free if i not in idx)
         self._hist_cache: dict[tuple[str, str, bool], Sequence[int]] = {}
         self._whole_cache: dict[tuple[str, str], int] = {}
 
     def free(self, d: int) -> tuple[int, ...]:
         got = self.adj.get(d)
-        return self.usage.dom[d].free if got is None else got
+        return self.usage.state(d).free if got is None else got
 
     def eligible(self, d: int, exclusive: bool) -> bool:
         """May the request use domain ``d`` at all (ignoring its size)?"""
-        st = self.usage.dom[d]
+        st = self.usage.state(d)
         if exclusive:
             return st.booked == 0 and d not in self.adj
         return st.exclusive == 0
 
     def is_whole(self, d: int) -> bool:
         t = self.topo
-        st = self.usage.dom[d]
+        st = self.usage.state(d)
         return (
             t.dom_is_rack[d]
             and st.booked == 0
@@ -114,7 +114,7 @@ class _View:
         for d, free in self.adj.items():
             if t.dom_model[d] != m or scope not in t.dom_scopes[d]:
                 continue
-            st = self.usage.dom[d]
+            st = self.usage.state(d)
             counted = (st.booked == 0) if exclusive else (st.exclusive == 0)
             if counted and st.free:
                 h[len(st.free)] -= 1
@@ -131,15 +131,15 @@ class _View:
         got = self._whole_cache.get(key)
         if got is None:
             t = self.topo
-            st = self.usage.dom
+            state = self.usage.state
             got = n - sum(
                 1
                 for d in self.adj
                 if t.dom_model[d] == m
                 and scope in t.dom_scopes[d]
                 and t.dom_is_rack[d]
-                and st[d].booked == 0
-                and len(st[d].free) == t.dom_cap[d]
+                and state(d).booked == 0
+                and len(state(d).free) == t.dom_cap[d]
             )
             self._whole_cache[key] = got
         return got

@@ -47,7 +47,7 @@ def plan_hold(
 
 
 def _free(topo: Topology, usage: Usage, blocked: frozenset[str], d: int) -> tuple[int, ...]:
-    free = usage.dom[d].free
+    free = usage.state(d).free
     if not blocked:
         return free
     names = topo.dom_nodes[d]
@@ -147,7 +147,7 @@ def _plan_racks(
 
 def _now(topo: Topology, usage: Usage, blocked: frozenset[str], d: int, exclusive: bool) -> int:
     """Nodes of domain ``d`` free now (0 while another gang holds it exclusively)."""
-    st = usage.dom[d]
+    st = usage.state(d)
     if st.exclusive and not exclusive:
         return 0
     return len(_free(topo, usage, blocked, d))

@@ -88,7 +88,7 @@ def _free_in(
     """A free schedulable node of ``domain`` usable by ``booking``."""
     mine = set(booking.nodes) | set(booking.spares)
     d = topology.dom_id[domain]
-    st = usage.dom[d]
+    st = usage.state(d)
     if st.exclusive and not booking.exclusive:
         return None
     names = topology.dom_nodes[d]

@@ -128,7 +128,7 @@ def check_indexes(u: Usage) -> None:
     """Recompute every index of ``u`` from its owners and compare."""
     t = u.topology
     fresh = Usage.from_bookings(t, u.bookings())
-    assert u.dom == fresh.dom
+    assert u.states() == fresh.states()
     assert {k: v for k, v in u.avail.items() if v} == {k: v for k, v in fresh.avail.items() if v}
     assert {k: v for k, v in u.pristine.items() if v} == {
         k: v for k, v in fresh.pristine.items() if v
@@ -136,7 +136,7 @@ def check_indexes(u: Usage) -> None:
     assert u.hist == fresh.hist
     assert u.phist == fresh.phist
     assert u.whole == fresh.whole
-    for d, st in enumerate(u.dom):
+    for d, st in enumerate(u.states()):
         owners = [u.booked_by(n) for n in t.dom_nodes[d]]
         assert list(st.owners) == owners
         free = [i for i in t.dom_sched[d] if owners[i] is None]

@@ -94,6 +94,7 @@ def test_an_older_overlay_is_untouched_by_its_successors() -> None:
     rng = random.Random(9)
     kept = hold_nodes(Usage.from_bookings(topo, []), "k0", names[:3], topo)
     kept_avail = {k: set(v) for k, v in kept.avail.items()}
+    kept_states = kept.states()
     u = kept
     held: list[str] = []
     for step in range(400):
@@ -110,4 +111,21 @@ def test_an_older_overlay_is_untouched_by_its_successors() -> None:
     check_indexes(u)
     check_indexes(kept)
     assert {k: set(v) for k, v in kept.avail.items()} == kept_avail
+    assert kept.states() == kept_states
     assert [b.key for b in kept.bookings()] == ["k0"]
+
+
+def test_sibling_overlays_never_see_each_others_domain_changes() -> None:
+    """Two overlays made from one parent change domains that share a chunk
+    of per-domain state: each sees its own change only, the parent neither."""
+    topo = fleet().hgx(200).build()  # a domain per box: many domains to a chunk
+    names = list(topo.nodes)
+    parent = hold_nodes(Usage.from_bookings(topo, []), "p", names[:1], topo)
+    left = hold_nodes(parent, "left", names[1:2], topo)
+    right = hold_nodes(parent, "right", names[2:3], topo)
+    assert topo.loc[names[1]][0] // 64 == topo.loc[names[2]][0] // 64  # one chunk
+    assert [parent.booked_by(n) for n in names[:3]] == ["p", None, None]
+    assert [left.booked_by(n) for n in names[:3]] == ["p", "left", None]
+    assert [right.booked_by(n) for n in names[:3]] == ["p", None, "right"]
+    for u in (parent, left, right):
+        check_indexes(u)
