@@ -34,7 +34,13 @@ from sqlmodel import Session
 from controller.core.errors import DuplicateKey, KilnError, Unavailable
 from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord
-from controller.store.repositories import SqlAllocations, SqlEvents, SqlNodes, SqlTokens
+from controller.store.repositories import (
+    SpecCodec,
+    SqlAllocations,
+    SqlEvents,
+    SqlNodes,
+    SqlTokens,
+)
 from controller.store.secrets import SecretBox
 from controller.store.writer_rows import TxRows, WriterRows
 
@@ -92,10 +98,11 @@ class SqlTx:
         secrets: SecretBox,
         events: list[dict[str, Any]] | None = None,
         rows: TxRows | None = None,
+        specs: SpecCodec | None = None,
     ) -> None:
         self.session = session
         self._nodes = SqlNodes(session, secrets, rows.nodes if rows else None)
-        self._allocations = SqlAllocations(session, rows.allocations if rows else None)
+        self._allocations = SqlAllocations(session, rows.allocations if rows else None, specs)
         self._events = SqlEvents(session, events)
         self._tokens = SqlTokens(session)
 
@@ -134,6 +141,7 @@ class SqlStore:
             max_workers=1, thread_name_prefix="kiln-db"
         )
         self._rows = WriterRows()  # the rows the writer last committed
+        self._specs = SpecCodec()  # every thread's: allocation specs by their JSON
         # Reads on threads of their own: a GetNode never waits behind a group
         # commit (SQLite's WAL lets readers run beside its one writer).
         self._read_pool = concurrent.futures.ThreadPoolExecutor(
@@ -162,7 +170,7 @@ class SqlStore:
     ) -> tuple[T, int, NodeChanges, dict[str, AllocationRecord]]:
         rows = self._rows.begin() if write else None
         with Session(self.engine, expire_on_commit=False) as session:
-            tx = SqlTx(session, self._secrets, rows=rows)
+            tx = SqlTx(session, self._secrets, rows=rows, specs=self._specs)
             try:
                 result = fn(tx)
                 if write:
@@ -206,7 +214,7 @@ class SqlStore:
             events: list[dict[str, Any]] = []  # the group's, sent in one INSERT
             try:
                 for fn in fns:
-                    tx = SqlTx(session, self._secrets, events, rows)
+                    tx = SqlTx(session, self._secrets, events, rows, self._specs)
                     result = fn(tx)
                     session.flush()  # a constraint fails here, at its own unit
                     outcomes.append(
