@@ -203,15 +203,16 @@ class StoreWriter:
 
     def batch(self, fill: Callable[[Any], None]) -> None:
         """Run ``fill(tx)`` (a ``controller.store.sql_store.SqlTx``) in one transaction."""
-        from sqlmodel import Session
-
+        from controller.store.link import Link
         from controller.store.sql_store import SqlTx
 
-        with Session(self.engine, expire_on_commit=False) as session:
-            tx = SqlTx(session, self.secrets)
+        with self.engine.begin() as connection:
+            link = Link(connection)
+            tx = SqlTx(link, self.secrets)
             fill(tx)
+            link.flush()
             tx.events.flush()  # events go in as one INSERT at the end of a unit
-            session.commit()
+            link.close()
 
     def close(self) -> None:
         self.engine.dispose()

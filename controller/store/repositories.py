@@ -3,7 +3,7 @@
 Rows and records meet here and nowhere else: every ``*_json`` column is
 parsed and written in this module, states become enums on the way in, and a
 node's BMC password is sealed on the way in and opened only for a
-``BmcTarget``. Each repository works inside the one ``Session`` of the
+``BmcTarget``. Each repository works inside the one ``Link`` of the
 transaction it belongs to.
 """
 
@@ -20,7 +20,7 @@ import orjson
 from sqlalchemy import and_, bindparam, delete, func, insert, or_
 from sqlalchemy import select as core_select
 from sqlalchemy.engine import Connection
-from sqlmodel import Session, col, select, update
+from sqlmodel import col, select, update
 
 from controller.core.allocation_view import frozen_copy
 from controller.core.health import GpuHealth, HealthReport, HealthSample
@@ -30,6 +30,7 @@ from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo,
 from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
+from controller.store.link import Link
 from controller.store.models import AllocationRow, EventRow, GpuRow, NodeRow, TokenRow
 from controller.store.secrets import SecretBox
 from controller.store.writer_rows import TableRows
@@ -326,7 +327,7 @@ _LAST_SUBMITTED = core_select(func.max(_ALLOCATIONS.c.submitted))
 
 
 class SqlNodes:
-    def __init__(self, session: Session, secrets: SecretBox, rows: TableRows | None = None) -> None:
+    def __init__(self, session: Link, secrets: SecretBox, rows: TableRows | None = None) -> None:
         self._session = session
         self._secrets = secrets
         self._connection: Connection | None = None
@@ -544,7 +545,7 @@ class SqlNodes:
 
 class SqlAllocations:
     def __init__(
-        self, session: Session, rows: TableRows | None = None, specs: SpecCodec | None = None
+        self, session: Link, rows: TableRows | None = None, specs: SpecCodec | None = None
     ) -> None:
         self._session = session
         self._specs = specs or SpecCodec()
@@ -653,7 +654,7 @@ class SqlEvents:
     ORM objects: a create/release cycle records five or six), sent before
     any read of events in the same transaction and before it commits."""
 
-    def __init__(self, session: Session, rows: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, session: Link, rows: list[dict[str, Any]] | None = None) -> None:
         self._session = session
         # Rows not sent yet. A group commit's units share one list, so the
         # group's events go in one INSERT; the first read of events sends
@@ -765,7 +766,7 @@ class SqlEvents:
 
 
 class SqlTokens:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Link) -> None:
         self._session = session
 
     def get(self, token_id: str) -> TokenRecord | None:

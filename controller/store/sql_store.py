@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from cryptography.fernet import Fernet
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, RootTransaction
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlmodel import Session
 
 from controller.core.errors import DuplicateKey, KilnError, Unavailable
 from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord
+from controller.store.link import Link
 from controller.store.repositories import (
     SpecCodec,
     SqlAllocations,
@@ -90,21 +92,27 @@ def _first_line(error: Exception) -> str:
 
 
 class SqlTx:
-    """One transaction: the repositories over one ``Session``."""
+    """One transaction: the repositories over one ``Link``."""
 
     def __init__(
         self,
-        session: Session,
+        link: Link,
         secrets: SecretBox,
         events: list[dict[str, Any]] | None = None,
         rows: TxRows | None = None,
         specs: SpecCodec | None = None,
     ) -> None:
-        self.session = session
-        self._nodes = SqlNodes(session, secrets, rows.nodes if rows else None)
-        self._allocations = SqlAllocations(session, rows.allocations if rows else None, specs)
-        self._events = SqlEvents(session, events)
-        self._tokens = SqlTokens(session)
+        self._link = link
+        self._nodes = SqlNodes(link, secrets, rows.nodes if rows else None)
+        self._allocations = SqlAllocations(link, rows.allocations if rows else None, specs)
+        self._events = SqlEvents(link, events)
+        self._tokens = SqlTokens(link)
+
+    @property
+    def session(self) -> Session:
+        """The ORM's Session in this transaction (for what the repositories
+        do not say)."""
+        return self._link.session
 
     @property
     def nodes(self) -> SqlNodes:
@@ -169,31 +177,42 @@ class SqlStore:
         self, fn: Callable[[SqlTx], T], *, write: bool
     ) -> tuple[T, int, NodeChanges, dict[str, AllocationRecord]]:
         rows = self._rows.begin() if write else None
-        with Session(self.engine, expire_on_commit=False) as session:
-            tx = SqlTx(session, self._secrets, rows=rows, specs=self._specs)
+        with self._transaction() as (link, transaction):
+            tx = SqlTx(link, self._secrets, rows=rows, specs=self._specs)
             try:
                 result = fn(tx)
                 if write:
+                    link.flush()
                     tx.events.flush()
-                    session.commit()
-                # A read ends with the session's close, which rolls back
-                # without expiring what it loaded.
+                    transaction.commit()
+                # A read ends with the connection's close, which rolls back.
             except IntegrityError as e:
-                self._failed(session, write)
+                self._failed(transaction, write)
                 # Never the statement's parameters: they hold sealed secrets.
                 raise DuplicateKey("another write stored a record with the same key first") from e
             except (SQLAlchemyError, OverflowError) as e:  # sqlite3 raises OverflowError
-                self._failed(session, write)  # unwrapped for an integer past 64 bits
+                self._failed(transaction, write)  # unwrapped for an integer past 64 bits
                 raise _store_error(e) from e
             except BaseException:
-                self._failed(session, write)
+                self._failed(transaction, write)
                 raise
             if rows is not None:
                 rows.commit()
             return result, tx.events.added, tx.nodes.changes(), tx.allocations.saved
 
-    def _failed(self, session: Session, write: bool) -> None:
-        session.rollback()
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[tuple[Link, RootTransaction]]:
+        """A connection in a transaction, and its link (closed after)."""
+        with self.engine.connect() as connection:
+            link = Link(connection)
+            try:
+                yield link, connection.begin()
+            finally:
+                link.close()
+
+    def _failed(self, transaction: RootTransaction, write: bool) -> None:
+        if transaction.is_active:
+            transaction.rollback()
         if write:
             self._rows.clear()  # what the database holds now is read anew
 
@@ -209,14 +228,14 @@ class SqlStore:
         if len(fns) == 1:
             return [self._alone(fns[0])]
         rows = self._rows.begin()  # the group's, shared by its units in turn
-        with Session(self.engine, expire_on_commit=False) as session:
+        with self._transaction() as (link, transaction):
             outcomes = []
             events: list[dict[str, Any]] = []  # the group's, sent in one INSERT
             try:
                 for fn in fns:
-                    tx = SqlTx(session, self._secrets, events, rows, self._specs)
+                    tx = SqlTx(link, self._secrets, events, rows, self._specs)
                     result = fn(tx)
-                    session.flush()  # a constraint fails here, at its own unit
+                    link.flush()  # a constraint fails here, at its own unit
                     outcomes.append(
                         _Outcome(
                             result,
@@ -226,10 +245,10 @@ class SqlStore:
                         )
                     )
                 if events:
-                    SqlEvents(session, events).flush()
-                session.commit()
+                    SqlEvents(link, events).flush()
+                transaction.commit()
             except Exception:
-                self._failed(session, write=True)
+                self._failed(transaction, write=True)
             else:
                 rows.commit()
                 self.groups += 1
