@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 
 from controller.api.errors import status_for
@@ -47,4 +47,47 @@ async def test_a_failed_unit_of_work_says_nothing_of_the_database(
             assert leak not in logged
         assert await store.read(lambda tx: tx.nodes.find()) == []  # rolled back
     finally:
+        store.close()
+
+
+async def test_writes_go_on_after_a_failed_one_and_nothing_committed_is_lost(
+    engine: Engine,
+) -> None:
+    """The writer's connection is kept between transactions on SQLite: a
+    unit of work that failed mid-transaction leaves nothing behind on it,
+    and the next write commits (on a fresh connection)."""
+    store = SqlStore(engine)
+    try:
+        await store.tx(lambda tx: tx.nodes.add(NodeRecord(name="n0", bmc_url="fake://n0"), "pw"))
+        for work in (broken_sql, oversized_gpu):
+            with pytest.raises(StoreFailed):
+                await store.tx(work)
+            await store.tx(lambda tx: tx.nodes.add(NodeRecord(name="n2", bmc_url="fake://2"), "pw"))
+            names = await store.read(lambda tx: [n.name for n in tx.nodes.find()])
+            assert names == ["n0", "n2"]  # n1 of the failed unit never landed
+            await store.tx(lambda tx: tx.nodes.remove("n2"))
+    finally:
+        store.close()
+
+
+async def test_the_sqlite_writer_keeps_one_connection(engine: Engine) -> None:
+    """Each write transaction on SQLite runs on the writer's one connection
+    (no checkout each time); on PostgreSQL each checks one out, pinged."""
+    store = SqlStore(engine)
+    checkouts: list[object] = []
+
+    def checked_out(*args: object) -> None:
+        checkouts.append(args)
+
+    event.listen(engine, "checkout", checked_out)
+    try:
+        for i in range(20):
+            await store.tx(
+                lambda tx, i=i: tx.nodes.add(NodeRecord(name=f"n{i}", bmc_url="fake://x"), "pw")
+            )
+        expected = 1 if engine.dialect.name == "sqlite" else 20
+        assert len(checkouts) == expected
+        assert len(await store.read(lambda tx: tx.nodes.find())) == 20
+    finally:
+        event.remove(engine, "checkout", checked_out)
         store.close()
