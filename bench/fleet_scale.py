@@ -39,11 +39,13 @@ What is measured, per fleet size N (``--nodes``), each on a fresh controller:
    (utime+stime from /proc/PID/stat, all threads) in cores and per visible
    report, with and without its idle CPU (measured for a few seconds with
    every stream open and nothing sent); its RSS (VmRSS).
-4. With the reports still flowing, ``--clients`` concurrent clients: GetNode
-   on random nodes, ListNodes of the whole fleet (first page and all pages
-   when ListNodesRequest has ``page_size``, else one call), and
-   CreateAllocation (``--nodes 1`` shape: AllocationSpec nodes=1) followed by
-   ReleaseAllocation: p50/p99 and admitted allocations a second.
+4. With the reports still flowing, ``--clients`` concurrent clients (8):
+   GetNode on random nodes, ListNodes of the whole fleet (first page and
+   all pages when ListNodesRequest has ``page_size``, else one call); then
+   ``--alloc-clients`` (32, a scheduler's submitters: each waits for its
+   answer, so the controller's group commit takes in at most that many at
+   once) CreateAllocation (``--nodes 1`` shape: AllocationSpec nodes=1)
+   followed by ReleaseAllocation: p50/p99 and admitted allocations a second.
 5. The floor: the same generators against a bare ``grpc.aio`` server in its
    own process whose Connect answers Registered and drops every message;
    its CPU per report received, and the controller/floor ratio. The same
@@ -545,7 +547,7 @@ async def api_phase(
     out["list"] = (first_lat, whole_lat, size, (pid_cpu_s(pid) - c0) / (time.monotonic() - t0))
 
     create_lat, release_lat, admitted, pending, rate, cores = await alloc_cycles(
-        stub, args.clients, args.alloc_seconds, pid, errors
+        stub, args.alloc_clients, args.alloc_seconds, pid, errors
     )
     out["alloc"] = (create_lat, release_lat, admitted, rate, pending, cores)
     out["errors"] = errors
@@ -887,7 +889,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 f"controller {list_cores:.2f} cores)"
             )
             print(
-                f"  CreateAllocation+ReleaseAllocation ({args.clients} clients, nodes=1): "
+                f"  CreateAllocation+ReleaseAllocation ({args.alloc_clients} clients, nodes=1): "
                 f"{admitted} admitted ({alloc_rate:.0f}/s), {sum(pending.values())} not; "
                 f"create p50 {ms(pct(create_lat, 0.5))} p99 {ms(pct(create_lat, 0.99))}, "
                 f"release p50 {ms(pct(release_lat, 0.5))} p99 {ms(pct(release_lat, 0.99))}; "
@@ -944,7 +946,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 async with grpc.aio.insecure_channel(f"127.0.0.1:{floor_port}") as floor_channel:
                     _, _, cycles, _, res.alloc_floor, floor_cores = await alloc_cycles(
                         fleet_pb2_grpc.FleetServiceStub(floor_channel),
-                        args.clients,
+                        args.alloc_clients,
                         min(args.alloc_seconds, 5.0),
                         floor.pid,
                         floor_errors,
@@ -953,7 +955,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 floor_alloc_us = floor_cores / res.alloc_floor * 1e6 if cycles else float("nan")
                 print(
                     f"  allocation floor (bare grpc.aio CreateAllocation+ReleaseAllocation, "
-                    f"answered from memory, {args.clients} clients): {res.alloc_floor:.0f} "
+                    f"answered from memory, {args.alloc_clients} clients): {res.alloc_floor:.0f} "
                     f"cycles/s, {floor_cores:.2f} cores, {floor_alloc_us:.0f} us/cycle; "
                     f"controller {res.alloc_rate:.0f}/s at {alloc_us:.0f} us/cycle "
                     f"({alloc_us / floor_alloc_us:.1f}x the floor's CPU)"
@@ -1083,7 +1085,15 @@ def main() -> int:
     parser.add_argument("--generators", type=int, default=4, help="load generator processes")
     parser.add_argument("--channels", type=int, default=4, help="gRPC channels per generator")
     parser.add_argument("--probes", type=int, default=8, help="latency probe agents")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent API clients")
+    parser.add_argument(
+        "--clients", type=int, default=8, help="concurrent GetNode and ListNodes clients"
+    )
+    parser.add_argument(
+        "--alloc-clients",
+        type=int,
+        default=32,
+        help="concurrent CreateAllocation+ReleaseAllocation clients (a scheduler's submitters)",
+    )
     parser.add_argument("--api-seconds", type=float, default=5.0, help="GetNode, ListNodes")
     parser.add_argument("--alloc-seconds", type=float, default=10.0)
     parser.add_argument("--idle-seconds", type=float, default=5.0)
