@@ -327,8 +327,8 @@ _LAST_SUBMITTED = core_select(func.max(_ALLOCATIONS.c.submitted))
 
 
 class SqlNodes:
-    def __init__(self, session: Link, secrets: SecretBox, rows: TableRows | None = None) -> None:
-        self._session = session
+    def __init__(self, link: Link, secrets: SecretBox, rows: TableRows | None = None) -> None:
+        self._session = link  # the ORM's calls, forwarded; Core's on its connection()
         self._secrets = secrets
         self._connection: Connection | None = None
         # Columns as last read or written (no health, no password).
@@ -545,9 +545,9 @@ class SqlNodes:
 
 class SqlAllocations:
     def __init__(
-        self, session: Link, rows: TableRows | None = None, specs: SpecCodec | None = None
+        self, link: Link, rows: TableRows | None = None, specs: SpecCodec | None = None
     ) -> None:
-        self._session = session
+        self._session = link
         self._specs = specs or SpecCodec()
         self._connection: Connection | None = None
         self._stored = rows if rows is not None else TableRows()  # as last read or written
@@ -654,8 +654,8 @@ class SqlEvents:
     ORM objects: a create/release cycle records five or six), sent before
     any read of events in the same transaction and before it commits."""
 
-    def __init__(self, session: Link, rows: list[dict[str, Any]] | None = None) -> None:
-        self._session = session
+    def __init__(self, link: Link, rows: list[dict[str, Any]] | None = None) -> None:
+        self._session = link
         # Rows not sent yet. A group commit's units share one list, so the
         # group's events go in one INSERT; the first read of events sends
         # what is waiting, so a unit reads the events of those before it.
@@ -766,8 +766,8 @@ class SqlEvents:
 
 
 class SqlTokens:
-    def __init__(self, session: Link) -> None:
-        self._session = session
+    def __init__(self, link: Link) -> None:
+        self._session = link
 
     def get(self, token_id: str) -> TokenRecord | None:
         row = self._session.get(TokenRow, token_id)
