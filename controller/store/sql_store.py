@@ -312,7 +312,10 @@ class SqlStore:
         self._queued.append((fn, future))
         if self._drainer is None or self._drainer.done():
             self._drainer = loop.create_task(self._drain(), name="kiln-db-writes")
-        outcome = await asyncio.shield(future)
+        # Not shielded: a caller cancelled while waiting cancels only its
+        # future; its unit stays queued and runs with its group (the drainer
+        # skips a done future), as it would have with the outcome unread.
+        outcome = await future
         if outcome.error is not None:
             raise outcome.error
         if outcome.events:

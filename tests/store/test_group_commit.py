@@ -173,3 +173,26 @@ async def test_many_events_in_one_unit_are_stored_whole_and_in_order(engine: Eng
         assert not await store.read(lambda tx: tx.events.since(0, allocation="grp-none"))  # type: ignore[arg-type,return-value]
     finally:
         store.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_cancelled_caller_loses_only_its_answer(engine: Engine) -> None:
+    """A caller cancelled while its write waits in the queue: the write still
+    commits with its group (a unit of work is never half-dropped), the
+    caller gets CancelledError, and the callers beside it their answers."""
+    store = SqlStore(engine)
+    try:
+        await store.tx(add(10))  # type: ignore[arg-type]  # the writer is warm
+        before = store.tx(add(11))  # type: ignore[arg-type]
+        cancelled = asyncio.ensure_future(store.tx(add(12)))  # type: ignore[arg-type]
+        after = store.tx(add(13))  # type: ignore[arg-type]
+        beside = asyncio.gather(before, after)
+        await asyncio.sleep(0)  # every caller has queued its unit
+        cancelled.cancel()
+        assert await beside == ["g0011", "g0013"]
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        stored = await store.read(lambda tx: [n.name for n in tx.nodes.find()])
+        assert [n for n in ours(stored) if n >= "g0010"] == ["g0010", "g0011", "g0012", "g0013"]
+    finally:
+        store.close()
