@@ -142,6 +142,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT to serve gRPC on (refused when anything already listens there)",
     )
     p.add_argument(
+        "--agent-listen",
+        type=host_port,
+        default=None,
+        help="HOST:PORT (a fixed port) where --agent-relays worker processes serve the agents' "
+        "streams; agents still reach --listen too",
+    )
+    p.add_argument(
+        "--agent-relays",
+        type=int,
+        default=0,
+        help="worker processes serving the agent streams on --agent-listen (default 0: the "
+        "controller's own process serves them): at fleet size, the streams then take "
+        "another core's time, not the controller's",
+    )
+    p.add_argument(
         "--db",
         default=None,
         help="database URL; default SQLite in --state-dir "
@@ -458,8 +473,24 @@ def parse(argv: list[str] | None = None) -> Options:
     _check_key_format(key_file)
     if args.bootstrap_token_file is not None:
         _check_writable_file("--bootstrap-token-file", args.bootstrap_token_file)
+    if args.agent_relays < 0:
+        raise OptionError.value("--agent-relays", args.agent_relays, "cannot be negative")
+    if (args.agent_relays > 0) != (args.agent_listen is not None):
+        raise OptionError(
+            "--agent-relays N and --agent-listen HOST:PORT go together: the relay workers "
+            "serve the agents on that address"
+        )
+    if args.agent_listen is not None:
+        if args.agent_listen.endswith(":0"):
+            raise OptionError.value(
+                "--agent-listen", args.agent_listen, "needs a fixed port: the workers share it"
+            )
+        if args.agent_listen == args.listen:
+            raise OptionError.value("--agent-listen", args.agent_listen, "is --listen's address")
     config = ControllerConfig(
         listen=args.listen,
+        agent_listen=args.agent_listen,
+        agent_relays=args.agent_relays,
         db_url=args.db,
         state_dir=args.state_dir,
         profiles_dir=args.profiles,

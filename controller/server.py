@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import signal
 import socket
 import tempfile
 import time
@@ -44,6 +45,8 @@ from controller.api.limits import (
     MAX_RECEIVE_BYTES,
     RequestLimits,
 )
+from controller.api.relay.relayed import CallDetails
+from controller.api.relay.supervisor import AgentRelays
 from controller.bmc.gateway import PoolGateway
 from controller.bmc.image_check import HttpImageVerifier
 from controller.bmc.pool import BmcPool
@@ -192,6 +195,10 @@ def load_images(path: Path | None) -> Catalog:
 @dataclass
 class ControllerConfig:
     listen: str = "127.0.0.1:50051"
+    # Agent streams served by relay worker processes on agent_listen
+    # (controller/api/relay/); 0: by this process, on listen only.
+    agent_listen: str | None = None
+    agent_relays: int = 0
     db_url: str | None = None  # None: SQLite in state_dir
     state_dir: Path | None = None  # None: a temporary directory
     profiles_dir: Path | None = None
@@ -269,6 +276,8 @@ class ControllerServer:
         )
         self._health: health.aio.HealthServicer | None = None
         self._publisher_task: asyncio.Task[None] | None = None
+        self._limits: RequestLimits | None = None
+        self.relays: AgentRelays | None = None
 
     @property
     def auth_enabled(self) -> bool:
@@ -276,7 +285,8 @@ class ControllerServer:
         controller listens on anything but loopback."""
         if self.config.auth is not None:
             return self.config.auth
-        return not on_loopback(self.config.listen)
+        listens = (self.config.listen, self.config.agent_listen or self.config.listen)
+        return not all(on_loopback(address) for address in listens)
 
     def _log_auth(self, tls: bool) -> None:
         if self.auth_enabled:
@@ -429,6 +439,7 @@ class ControllerServer:
         limits = RequestLimits(
             max_streams=cfg.max_streams_per_client, rate=cfg.max_requests_per_second_per_client
         )
+        self._limits = limits
         server = grpc.aio.server(
             interceptors=[limits, self._auth],
             options=[
@@ -469,8 +480,30 @@ class ControllerServer:
         self._watchdog = asyncio.create_task(self._watch_lock(), name="kiln-active-lock")
         self._auth.serve(self.fleet)  # before the services: no call is served unchecked
         self._services.serve(self.fleet)
+        cfg = self.config
+        if cfg.agent_relays > 0 and cfg.agent_listen is not None:
+            self.relays = AgentRelays(
+                cfg.agent_relays,
+                cfg.agent_listen,
+                self._relayed_handler,
+                tls_files=(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca),
+            )
+            await self.relays.start()
         for name in ("", *SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def _relayed_handler(self, details: CallDetails) -> grpc.RpcMethodHandler | None:
+        """The handler a call forwarded by a relay worker runs: the one a
+        direct call gets, through the same interceptors."""
+        assert self._limits is not None
+
+        async def served(d: Any) -> grpc.RpcMethodHandler | None:
+            return self._services.service(d)
+
+        async def authenticated(d: Any) -> grpc.RpcMethodHandler:
+            return await self._auth.intercept_service(served, d)  # type: ignore[arg-type]
+
+        return await self._limits.intercept_service(authenticated, details)  # type: ignore[arg-type]
 
     def _database_trouble(self) -> None:
         """Wake the watchdog; called from whichever thread saw the error."""
@@ -520,6 +553,8 @@ class ControllerServer:
         except TlsConfigError as e:
             log.warning("SIGHUP: TLS not reloaded, the current certificate stays: %s", e)
             return False
+        if self.relays is not None:
+            self.relays.signal_all(signal.SIGHUP)  # the workers read the files again too
         expires = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(files.expires_at))
         log.info(
             "SIGHUP: TLS reloaded from %s (certificate expires %s)%s",
@@ -558,6 +593,11 @@ class ControllerServer:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
             self._watchdog = None
+        if self.relays is not None:
+            if self.fleet is not None:
+                self.fleet.stopping = True  # the streams end now: no event for each
+            await self.relays.stop()
+            self.relays = None
         if self._server is not None:
             if self.fleet is not None:
                 self.fleet.stopping = True  # the streams end now: no event for each

@@ -1,0 +1,136 @@
+"""The frames between the controller and its agent relay workers.
+
+A frame is a 4-byte big-endian length and a ``marshal``-encoded tuple of
+plain values (ints, strings, bytes, tuples, lists, dicts): no objects, no
+code. The socket pair is created by the controller and inherited by the
+worker alone, so nothing else can write to it.
+
+Worker to controller:
+
+* ``(READY,)`` once its port is bound; ``(FAILED, reason)`` when it cannot be;
+* ``(OPEN, call, metadata, auth, peer)`` a new agent call: its metadata
+  pairs, its verified client certificate (``{"x509_pem_cert": [pem]}`` or
+  ``{}``) and peer address;
+* ``(MESSAGES, [(call, raw), ...])`` the calls' messages, as received, in order;
+* ``(HALF_CLOSE, call)`` the agent has sent its last message;
+* ``(GONE, call)`` the call ended on the agent's side (cancelled, disconnected).
+
+Controller to worker:
+
+* ``(OUT, call, raw)`` a message to send to the agent;
+* ``(END, call, code, details)`` end the call with this status (a
+  ``grpc.StatusCode``'s number; 0 is OK).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import marshal
+import struct
+from typing import Any
+
+READY = 0
+FAILED = 1
+OPEN = 2
+MESSAGES = 3
+HALF_CLOSE = 4
+GONE = 5
+OUT = 6
+END = 7
+
+MAX_FRAME = 256 * 1024 * 1024  # a batch of messages, each at most the receive limit
+_LENGTH = struct.Struct(">I")
+
+
+class FrameError(Exception):
+    """The other side sent something that is not a frame."""
+
+
+def encode(frame: tuple[Any, ...]) -> bytes:
+    body = marshal.dumps(frame)
+    return _LENGTH.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
+    """The next frame; None at the end of the stream."""
+    try:
+        head = await reader.readexactly(_LENGTH.size)
+    except asyncio.IncompleteReadError as e:
+        if e.partial:
+            raise FrameError("the link ended inside a frame's length") from None
+        return None
+    (length,) = _LENGTH.unpack(head)
+    if length > MAX_FRAME:
+        raise FrameError(f"a frame of {length} bytes is over the limit")
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise FrameError("the link ended inside a frame") from None
+    try:
+        frame = marshal.loads(body)
+    except (EOFError, ValueError, TypeError) as e:
+        raise FrameError("a frame does not decode") from e
+    if not isinstance(frame, tuple) or not frame or not isinstance(frame[0], int):
+        raise FrameError("a frame is not a tagged tuple")
+    return frame
+
+
+class FrameWriter:
+    """Frames out, in order, written by one task: messages queued back to
+    back go in one ``MESSAGES`` frame, and a caller may wait for room
+    (``room``) while too many are waiting, which stops it reading more."""
+
+    def __init__(self, writer: asyncio.StreamWriter, *, high_water: int = 4096) -> None:
+        self._writer = writer
+        self._queued: list[Any] = []
+        self._pending = 0  # messages queued, not yet written
+        self._high_water = high_water
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self.closed = False
+
+    def send(self, frame: tuple[Any, ...]) -> None:
+        if self.closed:
+            return
+        self._queued.append(frame)
+        self._wake.set()
+
+    def message(self, call: int, raw: bytes) -> None:
+        if self.closed:
+            return
+        queued = self._queued
+        if queued and isinstance(queued[-1], list):
+            queued[-1].append((call, raw))
+        else:
+            queued.append([(call, raw)])
+        self._pending += 1
+        if self._pending >= self._high_water:
+            self._room.clear()
+        self._wake.set()
+
+    async def room(self) -> None:
+        """Wait while too many messages are queued for the link."""
+        if not self._room.is_set():
+            await self._room.wait()
+
+    async def run(self) -> None:
+        """Write what is queued until the link closes (then return)."""
+        writer = self._writer
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                queued, self._queued = self._queued, []
+                self._pending = 0
+                for item in queued:
+                    frame = (MESSAGES, item) if isinstance(item, list) else item
+                    writer.write(encode(frame))
+                self._room.set()
+                await writer.drain()
+        except (ConnectionError, RuntimeError):
+            pass  # the other side went away
+        finally:
+            self.closed = True
+            self._room.set()
+            writer.close()

@@ -1,0 +1,189 @@
+"""The controller's side of one relay worker's link: each forwarded agent
+call runs through the same handler a direct call gets (the request limits,
+authentication and audit, ``AgentService.Connect``), with a
+``RelayedContext`` standing in for gRPC's servicer context."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from controller.api.relay import frames
+from controller.api.relay.frames import FrameWriter
+
+log = logging.getLogger(__name__)
+
+CONNECT = "/kiln.v1.AgentService/Connect"
+_END = object()  # the agent sent its last message, or its call is gone
+
+
+@dataclass(frozen=True)
+class CallDetails:
+    """``grpc.HandlerCallDetails`` of a forwarded call, for the interceptors."""
+
+    method: str
+    invocation_metadata: tuple[tuple[str, Any], ...]
+
+
+HandlerFor = Callable[[CallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+
+
+class RelayedContext:
+    """What Kiln's interceptors and ``AgentService`` ask of a servicer
+    context, for a call a relay worker forwarded. ``abort`` raises gRPC's
+    own ``AbortError``, and the status is sent to the worker when the
+    handler ends."""
+
+    def __init__(
+        self, metadata: tuple[tuple[str, Any], ...], auth: Mapping[str, Iterable[bytes]], peer: str
+    ) -> None:
+        self._metadata = metadata
+        self._auth = auth
+        self._peer = peer
+        self._code: grpc.StatusCode | None = None
+        self._details = ""
+        self._done: list[Callable[[Any], None]] = []
+
+    def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
+        return self._metadata
+
+    def auth_context(self) -> Mapping[str, Iterable[bytes]]:
+        return self._auth
+
+    def peer(self) -> str:
+        return self._peer
+
+    def time_remaining(self) -> float | None:
+        return None  # an agent's stream has no deadline
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self._code, self._details = code, details
+        raise grpc.aio.AbortError()
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        self._done.append(callback)
+
+    def finished(self) -> None:
+        callbacks, self._done = self._done, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a relayed call's done callback failed")
+
+
+class _Call:
+    __slots__ = ("requests", "task")
+
+    def __init__(self) -> None:
+        self.requests: asyncio.Queue[Any] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+
+
+class RelayedCalls:
+    """Runs the calls one worker forwards, until its link ends."""
+
+    def __init__(self, link: FrameWriter, handler_for: HandlerFor) -> None:
+        self._link = link
+        self._handler_for = handler_for
+        self._calls: dict[int, _Call] = {}
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def on_frame(self, frame: tuple[Any, ...]) -> None:
+        kind = frame[0]
+        if kind == frames.MESSAGES:
+            calls = self._calls
+            for ident, raw in frame[1]:
+                call = calls.get(ident)
+                if call is not None:
+                    call.requests.put_nowait(raw)
+        elif kind == frames.OPEN:
+            _, ident, metadata, auth, peer = frame
+            call = self._calls[ident] = _Call()
+            call.task = asyncio.create_task(
+                self._run(ident, call, RelayedContext(tuple(metadata), auth, peer)),
+                name=f"kiln-relayed-{ident}",
+            )
+        elif kind == frames.HALF_CLOSE:
+            call = self._calls.get(frame[1])
+            if call is not None:
+                call.requests.put_nowait(_END)
+        elif kind == frames.GONE:
+            self._gone(frame[1])
+
+    def _gone(self, ident: int) -> None:
+        call = self._calls.pop(ident, None)
+        if call is not None and call.task is not None:
+            call.task.cancel()  # as gRPC cancels a handler whose call is gone
+
+    async def end_all(self) -> None:
+        """The link ended: every call is gone (the worker's agents reconnect)."""
+        tasks = [c.task for c in self._calls.values() if c.task is not None]
+        for ident in list(self._calls):
+            self._gone(ident)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, ident: int, call: _Call, context: RelayedContext) -> None:
+        code, details = grpc.StatusCode.OK, ""
+        gone = False
+        try:
+            handler = await self._handler_for(CallDetails(CONNECT, context.invocation_metadata()))
+            if handler is None or handler.stream_stream is None:
+                code, details = grpc.StatusCode.UNIMPLEMENTED, "not served"
+                return
+            deserialize = handler.request_deserializer
+            serialize = handler.response_serializer
+            responses = handler.stream_stream(self._requests(call, deserialize), context)
+            try:
+                async for response in responses:
+                    self._link.send(
+                        (frames.OUT, ident, serialize(response) if serialize else response)
+                    )
+            finally:
+                with contextlib.suppress(Exception):
+                    await responses.aclose()
+            code, details = context.code() or grpc.StatusCode.OK, context.details()
+        except grpc.aio.AbortError:
+            code, details = context.code() or grpc.StatusCode.UNKNOWN, context.details()
+        except asyncio.CancelledError:
+            gone = True
+        except Exception:
+            log.exception("a relayed agent call failed")
+            code, details = grpc.StatusCode.INTERNAL, "internal error on the agent stream"
+        finally:
+            context.finished()
+            if self._calls.get(ident) is call:
+                del self._calls[ident]
+            if not gone:
+                self._link.send((frames.END, ident, code.value[0], str(details or "")))
+
+    @staticmethod
+    async def _requests(
+        call: _Call, deserialize: Callable[[bytes], Any] | None
+    ) -> AsyncIterator[Any]:
+        queue = call.requests
+        while True:
+            raw = await queue.get()
+            if raw is _END:
+                return
+            yield deserialize(raw) if deserialize is not None else raw

@@ -1,0 +1,175 @@
+"""Starts the agent relay workers, keeps them running, stops them.
+
+Each worker is a ``python -m controller.api.relay.worker`` child with one
+end of a socket pair; the controller reads its frames (``RelayedCalls``).
+A worker that exits or whose link fails is started again after a pause
+(doubling from 1 s up to 30 s while it keeps failing); its agents'
+calls end as for any dropped connection and they reconnect. The workers
+exit when the controller does, however it ends: their link closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from controller.api.relay import frames
+from controller.api.relay.frames import FrameWriter
+from controller.api.relay.relayed import HandlerFor, RelayedCalls
+from controller.core.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 20.0
+RESTART_PAUSE_S = 1.0
+RESTART_PAUSE_MAX_S = 30.0
+
+
+class RelayStartError(InvalidArgument):
+    template = "agent relay workers did not start on %(address)s: %(reason)s"
+
+
+class AgentRelays:
+    """``count`` workers serving ``listen`` (HOST:PORT, a fixed port)."""
+
+    def __init__(
+        self,
+        count: int,
+        listen: str,
+        handler_for: HandlerFor,
+        *,
+        tls_files: Sequence[Path | None] = (None, None, None),
+    ) -> None:
+        if count < 1:
+            raise InvalidArgument("--agent-relays must be at least 1")
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit() or int(port) == 0:
+            raise InvalidArgument(
+                f"--agent-listen wants HOST:PORT with a fixed port (the workers share it), "
+                f"not {listen!r}"
+            )
+        self.count = count
+        self.listen = listen
+        self._handler_for = handler_for
+        self._tls_files = tuple(tls_files)
+        self._processes: dict[int, asyncio.subprocess.Process] = {}
+        self._calls: dict[int, RelayedCalls] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.restarts = 0
+
+    def calls(self) -> int:
+        """Agent calls open through the workers now."""
+        return sum(len(c) for c in self._calls.values())
+
+    async def start(self) -> None:
+        """Start every worker; returns once each has bound the port.
+
+        Raises RelayStartError (every worker stopped) when one cannot."""
+        started: list[asyncio.Future[None]] = []
+        for slot in range(self.count):
+            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            started.append(ready)
+            keeping = asyncio.create_task(self._keep(slot, ready), name=f"kiln-relay-{slot}")
+            self._tasks.append(keeping)
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await asyncio.gather(*started)
+        except BaseException as e:
+            await self.stop()
+            if isinstance(e, TimeoutError):
+                raise RelayStartError(address=self.listen, reason="no answer in time") from None
+            raise
+        log.info("agents served on %s by %d relay worker processes", self.listen, self.count)
+
+    def signal_all(self, signum: int) -> None:
+        for process in self._processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _keep(self, slot: int, ready: asyncio.Future[None]) -> None:
+        pause = RESTART_PAUSE_S
+        while not self._stopping:
+            try:
+                await self._run_one(slot, ready)
+                pause = RESTART_PAUSE_S  # it served: the next failure starts the pause anew
+            except RelayStartError as e:
+                if not ready.done():
+                    ready.set_exception(e)
+                    return
+                log.error("%s", e)
+            except (OSError, frames.FrameError) as e:
+                log.error("agent relay worker %d failed: %s", slot, e)
+            if self._stopping:
+                return
+            self.restarts += 1
+            log.warning("agent relay worker %d ended; starting it again in %.0fs", slot, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RESTART_PAUSE_MAX_S)
+
+    async def _run_one(self, slot: int, ready: asyncio.Future[None]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        args = [sys.executable, "-m", "controller.api.relay.worker"]
+        args += ["--listen", self.listen, "--link-fd", str(theirs.fileno())]
+        flags = ("--tls-cert", "--tls-key", "--tls-client-ca")
+        for flag, path in zip(flags, self._tls_files, strict=True):
+            if path is not None:
+                args += [flag, str(path)]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *args, pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL
+            )
+        finally:
+            theirs.close()
+        self._processes[slot] = process
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        link = FrameWriter(writer)
+        sending = asyncio.create_task(link.run())
+        calls = self._calls[slot] = RelayedCalls(link, self._handler_for)
+        try:
+            first = await frames.read_frame(reader)
+            if first is None or first[0] != frames.READY:
+                failed = first is not None and first[0] == frames.FAILED
+                reason = first[1] if failed and first is not None else "it exited"
+                raise RelayStartError(address=self.listen, reason=str(reason))
+            if not ready.done():
+                ready.set_result(None)
+            while True:
+                frame = await frames.read_frame(reader)
+                if frame is None:
+                    return
+                calls.on_frame(frame)
+        finally:
+            await calls.end_all()
+            del self._calls[slot]
+            sending.cancel()
+            writer.close()
+            await _end(process)
+            self._processes.pop(slot, None)
+
+
+async def _end(process: asyncio.subprocess.Process) -> None:
+    """Stop a worker: its link is closed, so it is on its way out; SIGTERM,
+    then SIGKILL after 5 s."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()

@@ -1,0 +1,190 @@
+"""An agent relay worker: a process that serves the agents' gRPC connections
+on the agent port and forwards their calls to the controller.
+
+It decides nothing and stores nothing: every call's messages go to the
+controller as they arrive (``frames.MESSAGES``), and what the controller
+answers goes back to the agent. It reads its TLS files itself (and again
+on SIGHUP, as the controller does) and binds the port with
+``SO_REUSEPORT``, so that several workers share it and the kernel spreads
+the connections over them. It exits when its link to the controller ends.
+
+    python -m controller.api.relay.worker --listen HOST:PORT --link-fd FD
+        [--tls-cert F --tls-key F [--tls-client-ca F]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from controller.api.relay import frames
+from controller.api.relay.frames import FrameWriter
+
+log = logging.getLogger("kiln.relay")
+
+CONNECT = "/kiln.v1.AgentService/Connect"
+MAX_RECEIVE_BYTES = 1024 * 1024  # as the controller's own port (api/limits.py)
+STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class _Call:
+    __slots__ = ("outgoing",)
+
+    def __init__(self) -> None:
+        # raw messages to send, then (code, details) to end with
+        self.outgoing: asyncio.Queue[bytes | tuple[int, str]] = asyncio.Queue()
+
+
+class Relay(grpc.GenericRpcHandler):
+    """The agent port's one method, forwarded; answers from the controller."""
+
+    def __init__(self, link: FrameWriter, *, certificates: bool) -> None:
+        self._link = link
+        self._certificates = certificates  # the port asks for client certificates
+        self._calls: dict[int, _Call] = {}
+        self._ids = itertools.count(1)
+        self._handler = grpc.stream_stream_rpc_method_handler(self._connect)
+
+    def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler | None:
+        if handler_call_details.method == CONNECT:
+            return self._handler
+        return None  # UNIMPLEMENTED: the agent port serves AgentService only
+
+    def answer(self, frame: tuple[Any, ...]) -> None:
+        """A frame from the controller for one of the calls."""
+        call = self._calls.get(frame[1])
+        if call is None:
+            return  # ended meanwhile
+        if frame[0] == frames.OUT:
+            call.outgoing.put_nowait(frame[2])
+        elif frame[0] == frames.END:
+            call.outgoing.put_nowait((frame[2], frame[3]))
+
+    def end_all(self) -> None:
+        for call in self._calls.values():
+            call.outgoing.put_nowait(
+                (grpc.StatusCode.UNAVAILABLE.value[0], "the controller is not reachable")
+            )
+
+    async def _connect(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        ident = next(self._ids)
+        call = self._calls[ident] = _Call()
+        auth: dict[str, list[bytes]] = {}
+        if self._certificates:
+            pems = context.auth_context().get("x509_pem_cert")
+            if pems:
+                auth["x509_pem_cert"] = [bytes(p) for p in pems]
+        metadata = tuple((m.key, m.value) for m in context.invocation_metadata() or ())
+        self._link.send((frames.OPEN, ident, metadata, auth, context.peer()))
+        reader = asyncio.create_task(self._forward(ident, requests))
+        try:
+            while True:
+                item = await call.outgoing.get()
+                if isinstance(item, bytes):
+                    yield item
+                    continue
+                code, details = item
+                if code != 0:
+                    status = STATUS_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
+                    await context.abort(status, details)
+                return
+        finally:
+            reader.cancel()
+            del self._calls[ident]
+            self._link.send((frames.GONE, ident))
+
+    async def _forward(self, ident: int, requests: AsyncIterator[bytes]) -> None:
+        link = self._link
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            async for raw in requests:
+                link.message(ident, raw)
+                await link.room()
+            link.send((frames.HALF_CLOSE, ident))
+
+
+async def serve(args: argparse.Namespace) -> int:
+    sock = socket.socket(fileno=args.link_fd)
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    link = FrameWriter(writer)
+    sending = asyncio.create_task(link.run())
+    tls = None
+    if args.tls_cert is not None:
+        from controller.tls import ReloadableTls  # only with TLS
+
+        tls = ReloadableTls.from_options(args.tls_cert, args.tls_key, args.tls_client_ca)
+    relay = Relay(link, certificates=args.tls_client_ca is not None)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 1),  # the workers share the port
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+        ]
+    )
+    server.add_generic_rpc_handlers((relay,))
+    try:
+        if tls is None:
+            bound = server.add_insecure_port(args.listen)
+        else:
+            bound = server.add_secure_port(args.listen, tls.credentials())
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        link.send((frames.FAILED, f"cannot listen on {args.listen}"))
+        await asyncio.sleep(0.2)  # the writer task sends it
+        writer.close()
+        return 1
+    await server.start()
+    loop = asyncio.get_running_loop()
+    if tls is not None:
+        loop.add_signal_handler(signal.SIGHUP, lambda: _reload(tls))
+    loop.add_signal_handler(signal.SIGTERM, writer.close)
+    link.send((frames.READY, bound))
+    try:
+        while True:
+            frame = await frames.read_frame(reader)
+            if frame is None:
+                break
+            relay.answer(frame)
+    except (frames.FrameError, ConnectionError):
+        log.exception("relay worker: the link to the controller failed")
+    finally:
+        relay.end_all()
+        await server.stop(1.0)
+        sending.cancel()
+    return 0
+
+
+def _reload(tls: Any) -> None:
+    try:
+        tls.reload()
+    except Exception as e:  # TlsConfigError: the current files stay in use
+        log.warning("relay worker: TLS not reloaded, the current certificate stays: %s", e)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--link-fd", type=int, required=True)
+    parser.add_argument("--tls-cert", type=Path)
+    parser.add_argument("--tls-key", type=Path)
+    parser.add_argument("--tls-client-ca", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller's Ctrl-C is for it to handle
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

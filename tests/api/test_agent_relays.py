@@ -1,0 +1,269 @@
+"""Agent streams served by relay worker processes (``--agent-relays``):
+real worker processes, a real controller, agents' gRPC calls on the relay
+port. What a direct call gets, a relayed one gets: registration, reports
+that reach the node's health, commands and their answers, refusals with
+the same status and text, authentication; a worker killed mid-stream is
+started again and its agents' sessions are let go at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.core.model import AgentCommand
+from controller.server import ControllerConfig, ControllerServer
+from controller.sim.ports import free_port
+from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
+
+GPU = types_pb2.Gpu(index=0, uuid="GPU-r0", model="NVIDIA H200", memory_mib=141000)
+
+
+def registration(name: str) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(register=agent_pb2.Register(node_name=name, gpus=[GPU]))
+
+
+def report(temp_c: float) -> agent_pb2.AgentMessage:
+    gpu = types_pb2.GpuHealth(index=0, uuid="GPU-r0", temp_c=temp_c)
+    return agent_pb2.AgentMessage(health=types_pb2.NodeHealth(sampled_at=time.time(), gpus=[gpu]))
+
+
+class Agent:
+    """One agent's call: messages written from a queue, answers read."""
+
+    def __init__(self, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...] = ()):
+        self.outbox: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()
+        self.call = agent_pb2_grpc.AgentServiceStub(channel).Connect(
+            self._messages(), metadata=metadata or None
+        )
+
+    async def _messages(self) -> AsyncIterator[agent_pb2.AgentMessage]:
+        while (msg := await self.outbox.get()) is not None:
+            yield msg
+
+    def send(self, msg: agent_pb2.AgentMessage) -> None:
+        self.outbox.put_nowait(msg)
+
+    async def read(self) -> agent_pb2.ControllerMessage:
+        msg = await asyncio.wait_for(self.call.read(), 10)
+        assert msg is not grpc.aio.EOF
+        return msg  # type: ignore[no-any-return]
+
+
+async def until(check: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def enrol(channel: grpc.aio.Channel, *names: str) -> None:
+    stub = fleet_pb2_grpc.FleetServiceStub(channel)
+    for name in names:
+        await stub.EnrollNode(
+            fleet_pb2.EnrollNodeRequest(
+                name=name,
+                bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
+                username="u",
+                password="p",
+            )
+        )
+
+
+async def started(tmp_path: Path, **config: object) -> tuple[ControllerServer, str, str]:
+    relay = f"127.0.0.1:{free_port()}"
+    server = ControllerServer(
+        ControllerConfig(
+            listen="127.0.0.1:0",
+            state_dir=tmp_path,
+            agent_listen=relay,
+            agent_relays=1,
+            **config,  # type: ignore[arg-type]
+        )
+    )
+    address = await server.start()
+    return server, address, relay
+
+
+@pytest.mark.timeout(120)
+async def test_a_relayed_agent_registers_reports_and_answers_commands(tmp_path: Path) -> None:
+    server, address, relay = await started(tmp_path)
+    api = grpc.aio.insecure_channel(address)
+    agents = grpc.aio.insecure_channel(relay)
+    try:
+        await enrol(api, "r0")
+        agent = Agent(agents)
+        agent.send(registration("r0"))
+        first = await agent.read()
+        assert first.WhichOneof("body") == "registered" and first.registered.node_name == "r0"
+        assert server.fleet is not None and server.fleet.agents.is_connected("r0")
+        assert server.relays is not None and server.relays.calls() == 1
+
+        agent.send(report(61.5))
+        stub = fleet_pb2_grpc.FleetServiceStub(api)
+
+        async def temp() -> float:
+            node = await stub.GetNode(fleet_pb2.GetNodeRequest(name="r0"))
+            return node.health.gpus[0].temp_c if node.health.gpus else 0.0
+
+        deadline = time.monotonic() + 10
+        while await temp() != 61.5:
+            assert time.monotonic() < deadline, "the relayed report never reached the node"
+            await asyncio.sleep(0.05)
+
+        # A command down the relay, its answer back up.
+        calling = asyncio.create_task(
+            server.fleet.agents.call("r0", AgentCommand("reset_gpus"), timeout=10)
+        )
+        command = (await agent.read()).command
+        assert command.WhichOneof("kind") == "reset_gpus"
+        agent.send(agent_pb2.AgentMessage(result=agent_pb2.CommandResult(id=command.id, ok=True)))
+        outcome = await calling
+        assert outcome.ok
+
+        # The agent ends its call: the session is let go.
+        agent.call.cancel()
+        await until(lambda: not server.fleet.agents.is_connected("r0"))  # type: ignore[union-attr]
+        await until(lambda: server.relays.calls() == 0)  # type: ignore[union-attr]
+    finally:
+        await agents.close()
+        await api.close()
+        await server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_relayed_refusals_keep_their_status_and_text(tmp_path: Path) -> None:
+    server, address, relay = await started(tmp_path)
+    agents = grpc.aio.insecure_channel(relay)
+    try:
+        # Not a registration first.
+        agent = Agent(agents)
+        agent.send(report(40.0))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await agent.read()
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == "first message must be register"
+
+        # A node never enrolled.
+        agent = Agent(agents)
+        agent.send(registration("nowhere"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await agent.read()
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "nowhere" in (refused.value.details() or "")
+
+        # Bytes that are not an AgentMessage: the request limits' answer.
+        raw = agents.stream_stream("/kiln.v1.AgentService/Connect")
+        call = raw(iter([b"\xff\xff\xff"]))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call.read()
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid" in (refused.value.details() or "")
+
+        # The relay port serves the agents' service only.
+        stub = fleet_pb2_grpc.FleetServiceStub(agents)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.ListNodes(fleet_pb2.ListNodesRequest())
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await agents.close()
+        await server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_relayed_calls_are_authenticated_and_refusals_audited(tmp_path: Path) -> None:
+    token_file = tmp_path / "admin.token"
+    server, address, relay = await started(tmp_path, auth=True, bootstrap_token_file=token_file)
+    admin = (("authorization", f"Bearer {token_file.read_text().strip()}"),)
+    api = grpc.aio.insecure_channel(address)
+    agents = grpc.aio.insecure_channel(relay)
+    try:
+        stub = fleet_pb2_grpc.FleetServiceStub(api)
+        for name in ("a0", "a1"):
+            await stub.EnrollNode(
+                fleet_pb2.EnrollNodeRequest(
+                    name=name,
+                    bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
+                    username="u",
+                    password="p",
+                ),
+                metadata=admin,
+            )
+        # No credentials.
+        agent = Agent(agents)
+        agent.send(registration("a0"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await agent.read()
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+        # An agent token of a0 registering a1: refused and audited.
+        issued = await stub.IssueAgentToken(
+            fleet_pb2.IssueAgentTokenRequest(node="a0"), metadata=admin
+        )
+        as_a0 = (("authorization", f"Bearer {issued.token}"),)
+        agent = Agent(agents, as_a0)
+        agent.send(registration("a1"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await agent.read()
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert issued.token not in (refused.value.details() or "")
+
+        # The same token registering its own node.
+        agent = Agent(agents, as_a0)
+        agent.send(registration("a0"))
+        assert (await agent.read()).WhichOneof("body") == "registered"
+
+        audit = await stub.ListAudit(fleet_pb2.ListAuditRequest(method="Connect"), metadata=admin)
+        codes = {e.code for e in audit.entries}
+        assert {"UNAUTHENTICATED", "PERMISSION_DENIED"} <= codes, codes
+        assert all(issued.token not in e.arguments_json + e.detail for e in audit.entries)
+        agent.call.cancel()
+    finally:
+        await agents.close()
+        await api.close()
+        await server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_a_killed_worker_lets_its_agents_go_and_is_started_again(tmp_path: Path) -> None:
+    server, address, relay = await started(tmp_path)
+    api = grpc.aio.insecure_channel(address)
+    agents = grpc.aio.insecure_channel(relay)
+    try:
+        await enrol(api, "k0")
+        agent = Agent(agents)
+        agent.send(registration("k0"))
+        assert (await agent.read()).WhichOneof("body") == "registered"
+        assert server.fleet is not None and server.relays is not None
+        (worker,) = server.relays._processes.values()
+        os.kill(worker.pid, signal.SIGKILL)
+
+        await until(lambda: not server.fleet.agents.is_connected("k0"))  # type: ignore[union-attr]
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await agent.read()
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        await until(lambda: server.relays.restarts == 1 and server.relays._processes, 20)  # type: ignore[union-attr]
+        # Its agent comes back through the new worker.
+        deadline = time.monotonic() + 20
+        while True:
+            agent = Agent(grpc.aio.insecure_channel(relay))
+            agent.send(registration("k0"))
+            try:
+                assert (await agent.read()).WhichOneof("body") == "registered"
+                break
+            except grpc.aio.AioRpcError:
+                assert time.monotonic() < deadline, "no worker took the agent back"
+                await asyncio.sleep(0.2)
+        assert server.fleet.agents.is_connected("k0")
+        agent.call.cancel()
+    finally:
+        await agents.close()
+        await api.close()
+        await server.stop()
