@@ -115,7 +115,6 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import grpc  # noqa: E402
 from fleet_load import (  # noqa: E402
     Streams,
-    cores_over,
     floor_main,
     generator_main,
     pid_cpu_s,
@@ -247,9 +246,31 @@ def cpu_of(pids: list[int]) -> float:
     return total
 
 
+def controller_pids(pid: int) -> list[int]:
+    """The controller and its child processes (its agent relay workers)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    return [pid, *(int(c) for c in children)]
+
+
+def controller_cpu_s(pid: int) -> float:
+    """CPU seconds of the controller and its relay workers together."""
+    return cpu_of(controller_pids(pid))
+
+
+def controller_rss_mb(pid: int) -> float:
+    total = 0.0
+    for one in controller_pids(pid):
+        with contextlib.suppress(OSError):
+            total += pid_rss_mb(one)
+    return total
+
+
 # --- the controller ------------------------------------------------------------------
 def start_controller(
-    args: argparse.Namespace, workdir: Path, port: int, interval: float
+    args: argparse.Namespace, workdir: Path, port: int, interval: float, agent_port: int
 ) -> tuple[subprocess.Popen[bytes], Path]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "proto"), env.get("PYTHONPATH", "")])
@@ -268,6 +289,9 @@ def start_controller(
         # (the intake checks) are not what this measures.
         "--checks", args.checks,
     ]  # fmt: skip
+    if args.agent_relays > 0:
+        cmd += ["--agent-listen", f"127.0.0.1:{agent_port}"]
+        cmd += ["--agent-relays", str(args.agent_relays)]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     _children.append(proc)
@@ -500,10 +524,10 @@ async def alloc_cycles(
         except grpc.aio.AioRpcError as e:
             errors[f"ReleaseAllocation {e.code().name}: {e.details()}"] += 1
 
-    t0, c0 = time.monotonic(), pid_cpu_s(pid)
+    t0, c0 = time.monotonic(), controller_cpu_s(pid)
     await timed_loop(clients, seconds, alloc)
     elapsed = time.monotonic() - t0
-    cores = (pid_cpu_s(pid) - c0) / elapsed
+    cores = (controller_cpu_s(pid) - c0) / elapsed
     return create_lat, release_lat, admitted, pending, admitted / elapsed, cores
 
 
@@ -523,15 +547,15 @@ async def api_phase(
         except grpc.aio.AioRpcError as e:
             errors[f"GetNode {e.code().name}: {e.details()}"] += 1
 
-    t0, c0 = time.monotonic(), pid_cpu_s(pid)
+    t0, c0 = time.monotonic(), controller_cpu_s(pid)
     await timed_loop(args.clients, args.api_seconds, get)
     elapsed = time.monotonic() - t0
-    out["get"] = (get_lat, len(get_lat) / elapsed, (pid_cpu_s(pid) - c0) / elapsed)
+    out["get"] = (get_lat, len(get_lat) / elapsed, (controller_cpu_s(pid) - c0) / elapsed)
 
     first_lat: list[float] = []
     whole_lat: list[float] = []
     size = 0
-    t0, c0 = time.monotonic(), pid_cpu_s(pid)
+    t0, c0 = time.monotonic(), controller_cpu_s(pid)
     stop = t0 + args.api_seconds
     while time.monotonic() < stop or len(whole_lat) < 3:
         try:
@@ -544,7 +568,8 @@ async def api_phase(
         size = len(nodes)
         if len(whole_lat) >= 200:
             break
-    out["list"] = (first_lat, whole_lat, size, (pid_cpu_s(pid) - c0) / (time.monotonic() - t0))
+    list_cores = (controller_cpu_s(pid) - c0) / (time.monotonic() - t0)
+    out["list"] = (first_lat, whole_lat, size, list_cores)
 
     create_lat, release_lat, admitted, pending, rate, cores = await alloc_cycles(
         stub, args.alloc_clients, args.alloc_seconds, pid, errors
@@ -649,14 +674,15 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 bmc_port = free_port()  # nothing listens here
             bmc_base = f"redfish+http://127.0.0.1:{bmc_port}"
             port = free_port()
-            proc, log_path = start_controller(args, workdir, port, interval)
+            agent_port = free_port() if args.agent_relays > 0 else port
+            proc, log_path = start_controller(args, workdir, port, interval, agent_port)
             channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=BIG)
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             await wait_serving(channel, proc)
 
-            e0 = pid_cpu_s(proc.pid)
+            e0 = controller_cpu_s(proc.pid)
             took, failures = await enrol(stub, enrolled, bmc_base, args.enrol_in_flight)
-            enrol_cores = (pid_cpu_s(proc.pid) - e0) / took
+            enrol_cores = (controller_cpu_s(proc.pid) - e0) / took
             total = res.enrolled = len(enrolled)
             print(
                 f"  enrolled {total - sum(failures.values())}/{total} nodes in {took:.1f}s "
@@ -688,7 +714,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 f"re-sent with a fresh sampled_at: live sampling costs ~5 ms a report)"
             )
 
-            address = f"127.0.0.1:{port}"
+            address = f"127.0.0.1:{agent_port}"  # the relay workers' port, with --agent-relays
             connected = await generators.ask(600, "connect", address, args.channels)
             p_ok, p_failed, _ = await probe_streams.connect(address, 1)
             ok = sum(c[0] for c in connected) + p_ok
@@ -721,7 +747,9 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                     "still at work: its CPU is in the idle figure and the window's)"
                 )
             if args.hold > 0:
-                held_cores = await cores_over(proc.pid, args.hold)
+                h0, ht0 = controller_cpu_s(proc.pid), time.monotonic()
+                await asyncio.sleep(args.hold)
+                held_cores = (controller_cpu_s(proc.pid) - h0) / (time.monotonic() - ht0)
                 print(
                     f"  held {args.hold:.0f}s once ready (--hold), the agents reporting: "
                     f"controller {held_cores:.2f} cores over the hold"
@@ -743,8 +771,9 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             # -- the report window --
             pids = generators.pids
             before = await generators.ask(30, "stats", True)
+            main0 = pid_cpu_s(proc.pid)
             c0, g0, m0, t0 = (
-                pid_cpu_s(proc.pid),
+                controller_cpu_s(proc.pid),
                 cpu_of(pids),
                 time.process_time(),
                 time.monotonic(),
@@ -755,14 +784,15 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             last = {**(await probe_streams.pause())}
             for m in last_maps:
                 last.update(m)
+            main1 = pid_cpu_s(proc.pid)
             c1, g1, m1, t1 = (
-                pid_cpu_s(proc.pid),
+                controller_cpu_s(proc.pid),
                 cpu_of(pids),
                 time.process_time(),
                 time.monotonic(),
             )
             window = t1 - t0
-            rss = pid_rss_mb(proc.pid)
+            rss = controller_rss_mb(proc.pid)
             after = await generators.ask(30, "stats", False)
             sent = sum(a["sent"] - b["sent"] for a, b in zip(after, before, strict=True))
             sent += probe_streams.sent - p0
@@ -792,9 +822,9 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             processed = max(0, sent - behind)
             # Idle: every stream open, nothing sent.
             await asyncio.sleep(1.0)
-            i0, it0 = pid_cpu_s(proc.pid), time.monotonic()
+            i0, it0 = controller_cpu_s(proc.pid), time.monotonic()
             await asyncio.sleep(args.idle_seconds)
-            idle_cores = (pid_cpu_s(proc.pid) - i0) / (time.monotonic() - it0)
+            idle_cores = (controller_cpu_s(proc.pid) - i0) / (time.monotonic() - it0)
             await generators.ask(30, "resume")
             probe_streams.resume()
 
@@ -842,7 +872,15 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             print(
                 f"  controller: {res.cores:.2f} cores ({idle_cores:.2f} idle with the streams "
                 f"open and nothing sent), {res.us_per_report:.0f} us/report "
-                f"({us(res.us_net)} without idle), RSS {rss:.0f} MB; generators "
+                f"({us(res.us_net)} without idle), RSS {rss:.0f} MB"
+                + (
+                    f" (with {args.agent_relays} relay workers; the controller's own process "
+                    f"{(main1 - main0) / window:.2f} cores, "
+                    f"{(main1 - main0) / max(1, processed) * 1e6:.0f} us/report)"
+                    if args.agent_relays > 0
+                    else ""
+                )
+                + "; generators "
                 f"{(g1 - g0) / window:.2f} cores, this process {(m1 - m0) / window:.2f} cores "
                 f"({ncpu} cores on this machine)"
             )
@@ -1131,6 +1169,13 @@ def main() -> int:
         help="seconds to wait once the nodes are ready, before the windows: with --enrol-all "
         "the leak watcher asks the BMCs again after 5-10 minutes, then ever less often up to "
         "hourly, so a hold puts the windows in that steady state rather than the bring-up",
+    )
+    parser.add_argument(
+        "--agent-relays",
+        type=int,
+        default=0,
+        help="the controller's --agent-relays: worker processes serve the agent streams on a "
+        "port of their own (default 0: the controller's process serves them)",
     )
     parser.add_argument("--bmc", choices=["responder", "dead"], default="responder")
     parser.add_argument(

@@ -139,7 +139,7 @@ async def test_a_relayed_agent_registers_reports_and_answers_commands(tmp_path: 
 
 @pytest.mark.timeout(120)
 async def test_relayed_refusals_keep_their_status_and_text(tmp_path: Path) -> None:
-    server, address, relay = await started(tmp_path)
+    server, _, relay = await started(tmp_path)
     agents = grpc.aio.insecure_channel(relay)
     try:
         # Not a registration first.
