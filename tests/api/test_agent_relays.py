@@ -16,11 +16,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from tls_certs import TestCa
 
 from controller.core.model import AgentCommand
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.ports import free_port
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
+from kiln_common.tls import channel_credentials
 
 GPU = types_pb2.Gpu(index=0, uuid="GPU-r0", model="NVIDIA H200", memory_mib=141000)
 
@@ -262,6 +264,49 @@ async def test_a_killed_worker_lets_its_agents_go_and_is_started_again(tmp_path:
                 assert time.monotonic() < deadline, "no worker took the agent back"
                 await asyncio.sleep(0.2)
         assert server.fleet.agents.is_connected("k0")
+        agent.call.cancel()
+    finally:
+        await agents.close()
+        await api.close()
+        await server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_a_relayed_agent_may_register_only_the_node_its_certificate_names(
+    tmp_path: Path,
+) -> None:
+    """Mutual TLS ends in the worker; the certificate's names reach the
+    controller's check as they would on its own port."""
+    (tmp_path / "pki").mkdir()
+    ca = TestCa(tmp_path / "pki")
+    server_cert = ca.server()
+    node_a = ca.client("m0")
+    server, address, relay = await started(
+        tmp_path,
+        tls_cert=server_cert.cert,
+        tls_key=server_cert.key,
+        tls_client_ca=ca.ca_path,
+        auth=False,
+    )
+    operator = channel_credentials(ca.ca_path, node_a.cert, node_a.key)
+    assert operator is not None
+    api = grpc.aio.secure_channel(address, operator)
+    agents = grpc.aio.secure_channel(relay, operator)
+    try:
+        await enrol(api, "m0", "m1")
+        agent = Agent(agents)
+        agent.send(registration("m1"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await agent.read()
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "m0" in (refused.value.details() or "")
+
+        agent = Agent(agents)
+        agent.send(registration("m0"))
+        assert (await agent.read()).WhichOneof("body") == "registered"
+        assert server.fleet is not None
+        expires = server.fleet.agents.cert_expires_at("m0")
+        assert expires is not None and expires > time.time()
         agent.call.cancel()
     finally:
         await agents.close()

@@ -9,8 +9,9 @@ Worker to controller:
 
 * ``(READY,)`` once its port is bound; ``(FAILED, reason)`` when it cannot be;
 * ``(OPEN, call, metadata, auth, peer)`` a new agent call: its metadata
-  pairs, its verified client certificate (``{"x509_pem_cert": [pem]}`` or
-  ``{}``) and peer address;
+  pairs, its auth context when the port asks for client certificates
+  (``x509_pem_cert``, ``x509_common_name``, ``peer_dns``...; else ``{}``)
+  and its peer address;
 * ``(MESSAGES, [(call, raw), ...])`` the calls' messages, as received, in order;
 * ``(HALF_CLOSE, call)`` the agent has sent its last message;
 * ``(GONE, call)`` the call ended on the agent's side (cancelled, disconnected).

@@ -83,10 +83,9 @@ class Relay(grpc.GenericRpcHandler):
         ident = next(self._ids)
         call = self._calls[ident] = _Call()
         auth: dict[str, list[bytes]] = {}
-        if self._certificates:
-            pems = context.auth_context().get("x509_pem_cert")
-            if pems:
-                auth["x509_pem_cert"] = [bytes(p) for p in pems]
+        if self._certificates:  # the verified certificate and the names gRPC read from it
+            for key, values in context.auth_context().items():
+                auth[str(key)] = [bytes(v) for v in values]
         metadata = tuple((m.key, m.value) for m in context.invocation_metadata() or ())
         self._link.send((frames.OPEN, ident, metadata, auth, context.peer()))
         reader = asyncio.create_task(self._forward(ident, requests))
