@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,8 @@ import grpc
 import pytest
 from tls_certs import TestCa
 
+from controller.api.relay import relayed
+from controller.api.relay.frames import MESSAGES, OPEN, FrameWriter
 from controller.core.model import AgentCommand
 from controller.server import ControllerConfig, ControllerServer
 from controller.sim.ports import free_port
@@ -312,3 +315,42 @@ async def test_a_relayed_agent_may_register_only_the_node_its_certificate_names(
         await agents.close()
         await api.close()
         await server.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_a_controller_behind_its_relayed_reports_stops_reading_the_link() -> None:
+    """Forwarded messages no handler has taken up are bounded: past HIGH the
+    link is not read (``room`` waits) until they are down to LOW."""
+    stalled = asyncio.Event()
+
+    async def never_reads(requests: AsyncIterator[bytes], context: object) -> AsyncIterator[bytes]:
+        await stalled.wait()  # a handler behind: takes nothing up
+        async for _ in requests:
+            pass
+        yield b""
+
+    handler = grpc.stream_stream_rpc_method_handler(never_reads)
+
+    async def handler_for(_details: object) -> grpc.RpcMethodHandler:
+        return handler
+
+    ours, theirs = socket.socketpair()
+    _, writer = await asyncio.open_unix_connection(sock=ours)
+    calls = relayed.RelayedCalls(FrameWriter(writer), handler_for)
+    try:
+        calls.on_frame((OPEN, 1, (), {}, "ipv4:127.0.0.1:1"))
+        await asyncio.sleep(0)
+        calls.on_frame((MESSAGES, [(1, b"x")] * relayed.HIGH))
+        await asyncio.wait_for(calls.room(), 1)  # at HIGH, still room
+        calls.on_frame((MESSAGES, [(1, b"x")]))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(calls.room(), 0.2)
+        assert calls.queued == relayed.HIGH + 1
+        stalled.set()  # the handler catches up
+        await asyncio.wait_for(calls.room(), 5)
+        assert calls.queued <= relayed.LOW
+    finally:
+        await calls.end_all()
+        assert calls.queued == 0
+        writer.close()
+        theirs.close()

@@ -21,6 +21,12 @@ log = logging.getLogger(__name__)
 
 CONNECT = "/kiln.v1.AgentService/Connect"
 _END = object()  # the agent sent its last message, or its call is gone
+# Messages forwarded but not yet taken up by their calls' handlers: above
+# HIGH the link is not read until they are down to LOW, so a controller that
+# falls behind holds the workers back (and they their agents, through gRPC's
+# flow control) rather than queueing without bound.
+HIGH = 20_000
+LOW = 5_000
 
 
 @dataclass(frozen=True)
@@ -105,9 +111,22 @@ class RelayedCalls:
         self._link = link
         self._handler_for = handler_for
         self._calls: dict[int, _Call] = {}
+        self.queued = 0  # messages forwarded, not yet taken up
+        self._room = asyncio.Event()
+        self._room.set()
 
     def __len__(self) -> int:
         return len(self._calls)
+
+    async def room(self) -> None:
+        """Wait while too many forwarded messages are waiting for their calls."""
+        if not self._room.is_set():
+            await self._room.wait()
+
+    def _taken(self, count: int) -> None:
+        self.queued -= count
+        if self.queued <= LOW and not self._room.is_set():
+            self._room.set()
 
     def on_frame(self, frame: tuple[Any, ...]) -> None:
         kind = frame[0]
@@ -117,6 +136,9 @@ class RelayedCalls:
                 call = calls.get(ident)
                 if call is not None:
                     call.requests.put_nowait(raw)
+                    self.queued += 1
+            if self.queued > HIGH:
+                self._room.clear()
         elif kind == frames.OPEN:
             _, ident, metadata, auth, peer = frame
             call = self._calls[ident] = _Call()
@@ -174,16 +196,20 @@ class RelayedCalls:
             context.finished()
             if self._calls.get(ident) is call:
                 del self._calls[ident]
+            left = 0
+            while not call.requests.empty():
+                left += call.requests.get_nowait() is not _END
+            self._taken(left)
             if not gone:
                 self._link.send((frames.END, ident, code.value[0], str(details or "")))
 
-    @staticmethod
     async def _requests(
-        call: _Call, deserialize: Callable[[bytes], Any] | None
+        self, call: _Call, deserialize: Callable[[bytes], Any] | None
     ) -> AsyncIterator[Any]:
         queue = call.requests
         while True:
             raw = await queue.get()
             if raw is _END:
                 return
+            self._taken(1)
             yield deserialize(raw) if deserialize is not None else raw

@@ -152,6 +152,7 @@ class AgentRelays:
                 if frame is None:
                     return
                 calls.on_frame(frame)
+                await calls.room()
         finally:
             await calls.end_all()
             del self._calls[slot]
