@@ -11,6 +11,8 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -354,3 +356,50 @@ async def test_a_controller_behind_its_relayed_reports_stops_reading_the_link() 
         assert calls.queued == 0
         writer.close()
         theirs.close()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(120)
+def test_relay_workers_of_a_killed_controller_exit_and_free_the_port(tmp_path: Path) -> None:
+    """``kiln-controller --agent-relays 2`` killed with SIGKILL: its workers
+    see their link end and exit, so a restarted controller's workers are
+    the only ones on the agent port."""
+    port, agent_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "controller.main", "--listen", f"127.0.0.1:{port}"]
+    argv += ["--state-dir", str(tmp_path / "state")]
+    argv += ["--agent-listen", f"127.0.0.1:{agent_port}", "--agent-relays", "2"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(proc.pid)) < 2 or not _accepts(agent_port):
+            assert proc.poll() is None, "the controller exited"
+            assert time.monotonic() < deadline, "the relay workers never served"
+            time.sleep(0.2)
+        workers = _children(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 20
+        while any(_alive(w) for w in workers):
+            assert time.monotonic() < deadline, "a relay worker outlived its controller"
+            time.sleep(0.1)
+        assert not _accepts(agent_port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
