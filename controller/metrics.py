@@ -117,9 +117,11 @@ class FleetGauges:
         breakers: Callable[[], Mapping[str, int]] | None = None,
         bmc_threads: Callable[[], Mapping[str, int]] | None = None,
         outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
+        relays: Callable[[], Mapping[str, int]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._fleet = fleet
+        self._relays = relays
         self._breakers = breakers
         self._bmc_threads = bmc_threads
         self._outbox = outbox
@@ -187,6 +189,26 @@ class FleetGauges:
             "Health samples held in memory and not yet written to the database.",
             registry=registry,
         )
+        self.relay_workers = Gauge(
+            "kiln_agent_relay_workers",
+            "Agent relay worker processes running (--agent-relays).",
+            registry=registry,
+        )
+        self.relay_calls = Gauge(
+            "kiln_agent_relay_calls",
+            "Agent calls open through the relay workers.",
+            registry=registry,
+        )
+        self.relay_restarts = Gauge(
+            "kiln_agent_relay_restarts",
+            "Relay workers started again since the controller started (one died).",
+            registry=registry,
+        )
+        self.relay_backlog = Gauge(
+            "kiln_agent_relay_backlog",
+            "Messages relayed to the controller and not yet taken up by their calls.",
+            registry=registry,
+        )
 
     async def refresh(self) -> None:
         fleet = self._fleet
@@ -231,6 +253,11 @@ class FleetGauges:
         self.loop_lag.set(fleet.pace.lag)
         self.report_delay.set(fleet.pace.report_delay)
         self.write_behind.set(fleet.live.pending)
+        relays = self._relays() if self._relays is not None else {}
+        self.relay_workers.set(relays.get("workers", 0))
+        self.relay_calls.set(relays.get("calls", 0))
+        self.relay_restarts.set(relays.get("restarts", 0))
+        self.relay_backlog.set(relays.get("backlog", 0))
 
 
 class ControllerMetrics:
@@ -248,9 +275,15 @@ class ControllerMetrics:
         breakers: Callable[[], Mapping[str, int]] | None = None,
         bmc_threads: Callable[[], Mapping[str, int]] | None = None,
         outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
+        relays: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.gauges = FleetGauges(
-            self.registry, fleet, breakers=breakers, bmc_threads=bmc_threads, outbox=outbox
+            self.registry,
+            fleet,
+            breakers=breakers,
+            bmc_threads=bmc_threads,
+            outbox=outbox,
+            relays=relays,
         )
 
     async def exposition(self) -> bytes:

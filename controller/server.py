@@ -572,6 +572,7 @@ class ControllerServer:
             breakers=self._bmc.breaker_states if isinstance(self._bmc, PoolGateway) else None,
             bmc_threads=self._bmc.threads_allowed if isinstance(self._bmc, PoolGateway) else None,
             outbox=StoreOutbox(self.store).backlog if self.publisher is not None else None,
+            relays=lambda: self.relays.figures() if self.relays is not None else {},
         )
         self.http = HttpServer(self.metrics, Dashboard(self.fleet, auth=self.auth_enabled))
         try:

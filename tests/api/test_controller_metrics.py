@@ -45,6 +45,10 @@ FAMILIES = (
     "kiln_controller_loop_lag_seconds",
     "kiln_health_report_delay_seconds",
     "kiln_health_write_behind_pending",
+    "kiln_agent_relay_workers",
+    "kiln_agent_relay_calls",
+    "kiln_agent_relay_restarts",
+    "kiln_agent_relay_backlog",
 )
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]

@@ -47,6 +47,10 @@ CONTROLLER_METRICS = CONTROLLER_HISTOGRAMS | {
     "kiln_controller_loop_lag_seconds",
     "kiln_health_report_delay_seconds",
     "kiln_health_write_behind_pending",
+    "kiln_agent_relay_workers",
+    "kiln_agent_relay_calls",
+    "kiln_agent_relay_restarts",
+    "kiln_agent_relay_backlog",
 }
 # The agents' metrics (dcgm-exporter names, on --metrics-port).
 AGENT_METRICS = {

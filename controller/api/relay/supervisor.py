@@ -68,6 +68,15 @@ class AgentRelays:
         """Agent calls open through the workers now."""
         return sum(len(c) for c in self._calls.values())
 
+    def figures(self) -> dict[str, int]:
+        """For the metrics: workers running, calls open, restarts, backlog."""
+        return {
+            "workers": len(self._calls),
+            "calls": self.calls(),
+            "restarts": self.restarts,
+            "backlog": sum(c.queued for c in self._calls.values()),
+        }
+
     async def start(self) -> None:
         """Start every worker; returns once each has bound the port.
 
