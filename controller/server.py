@@ -433,6 +433,10 @@ class ControllerServer:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         _probe_free(cfg.listen)
+        if cfg.agent_listen is not None:
+            # The relay workers bind it with SO_REUSEPORT, which would share
+            # it with anything else that does: it must be free.
+            _probe_free(cfg.agent_listen)
         # gRPC turns SO_REUSEPORT on by default, which lets a second controller
         # bind an address already served; clients would then alternate between
         # two controllers (and two databases).
@@ -482,6 +486,7 @@ class ControllerServer:
         self._services.serve(self.fleet)
         cfg = self.config
         if cfg.agent_relays > 0 and cfg.agent_listen is not None:
+            _probe_free(cfg.agent_listen)  # again: a standby may have waited long
             self.relays = AgentRelays(
                 cfg.agent_relays,
                 cfg.agent_listen,

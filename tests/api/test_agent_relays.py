@@ -24,7 +24,7 @@ from tls_certs import TestCa
 from controller.api.relay import relayed
 from controller.api.relay.frames import MESSAGES, OPEN, FrameWriter
 from controller.core.model import AgentCommand
-from controller.server import ControllerConfig, ControllerServer
+from controller.server import ControllerConfig, ControllerServer, ListenError
 from controller.sim.ports import free_port
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
 from kiln_common.tls import channel_credentials
@@ -404,3 +404,32 @@ def _accepts(port: int) -> bool:
     with socket.socket() as probe:
         probe.settimeout(1)
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.timeout(60)
+async def test_an_agent_port_in_use_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
+    """The workers share their port with SO_REUSEPORT, so a port anything
+    else listens on (another controller's workers included) is refused
+    before anything is served."""
+    taken = socket.socket()
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    server = ControllerServer(
+        ControllerConfig(
+            listen="127.0.0.1:0",
+            state_dir=tmp_path,
+            agent_listen=f"127.0.0.1:{port}",
+            agent_relays=1,
+        )
+    )
+    try:
+        with pytest.raises(ListenError) as refused:
+            await server.start()
+        assert f"127.0.0.1:{port}" in str(refused.value)
+        assert "already in use" in str(refused.value)
+        assert server.relays is None
+    finally:
+        await server.stop()
+        taken.close()
