@@ -8,6 +8,7 @@ started again and its agents' sessions are let go at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -15,13 +16,14 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 from tls_certs import TestCa
 
-from controller.api.relay import relayed
+from controller.api.relay import relayed as relayed_calls
 from controller.api.relay.frames import MESSAGES, OPEN, FrameWriter
 from controller.core.model import AgentCommand
 from controller.server import ControllerConfig, ControllerServer, ListenError
@@ -70,7 +72,9 @@ async def until(check: object, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def enrol(channel: grpc.aio.Channel, *names: str) -> None:
+async def enrol(
+    channel: grpc.aio.Channel, *names: str, metadata: tuple[tuple[str, str], ...] = ()
+) -> None:
     stub = fleet_pb2_grpc.FleetServiceStub(channel)
     for name in names:
         await stub.EnrollNode(
@@ -79,11 +83,26 @@ async def enrol(channel: grpc.aio.Channel, *names: str) -> None:
                 bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
                 username="u",
                 password="p",
-            )
+            ),
+            metadata=metadata or None,
         )
 
 
-async def started(tmp_path: Path, **config: object) -> tuple[ControllerServer, str, str]:
+@dataclass
+class Relayed:
+    """A controller with one relay worker, a channel to its API and one to
+    its agent port."""
+
+    server: ControllerServer
+    api: grpc.aio.Channel
+    agents: grpc.aio.Channel
+    relay: str
+
+
+@contextlib.asynccontextmanager
+async def relayed(
+    tmp_path: Path, credentials: grpc.ChannelCredentials | None = None, **config: object
+) -> AsyncIterator[Relayed]:
     relay = f"127.0.0.1:{free_port()}"
     server = ControllerServer(
         ControllerConfig(
@@ -95,15 +114,25 @@ async def started(tmp_path: Path, **config: object) -> tuple[ControllerServer, s
         )
     )
     address = await server.start()
-    return server, address, relay
+
+    def channel(target: str) -> grpc.aio.Channel:
+        if credentials is None:
+            return grpc.aio.insecure_channel(target)
+        return grpc.aio.secure_channel(target, credentials)
+
+    api, agents = channel(address), channel(relay)
+    try:
+        yield Relayed(server, api, agents, relay)
+    finally:
+        await agents.close()
+        await api.close()
+        await server.stop()
 
 
 @pytest.mark.timeout(120)
 async def test_a_relayed_agent_registers_reports_and_answers_commands(tmp_path: Path) -> None:
-    server, address, relay = await started(tmp_path)
-    api = grpc.aio.insecure_channel(address)
-    agents = grpc.aio.insecure_channel(relay)
-    try:
+    async with relayed(tmp_path) as r:
+        server, api, agents = r.server, r.api, r.agents
         await enrol(api, "r0")
         agent = Agent(agents)
         agent.send(registration("r0"))
@@ -139,17 +168,12 @@ async def test_a_relayed_agent_registers_reports_and_answers_commands(tmp_path: 
         agent.call.cancel()
         await until(lambda: not server.fleet.agents.is_connected("r0"))  # type: ignore[union-attr]
         await until(lambda: server.relays.calls() == 0)  # type: ignore[union-attr]
-    finally:
-        await agents.close()
-        await api.close()
-        await server.stop()
 
 
 @pytest.mark.timeout(120)
 async def test_relayed_refusals_keep_their_status_and_text(tmp_path: Path) -> None:
-    server, _, relay = await started(tmp_path)
-    agents = grpc.aio.insecure_channel(relay)
-    try:
+    async with relayed(tmp_path) as r:
+        agents = r.agents
         # Not a registration first.
         agent = Agent(agents)
         agent.send(report(40.0))
@@ -179,30 +203,16 @@ async def test_relayed_refusals_keep_their_status_and_text(tmp_path: Path) -> No
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.ListNodes(fleet_pb2.ListNodesRequest())
         assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    finally:
-        await agents.close()
-        await server.stop()
 
 
 @pytest.mark.timeout(120)
 async def test_relayed_calls_are_authenticated_and_refusals_audited(tmp_path: Path) -> None:
     token_file = tmp_path / "admin.token"
-    server, address, relay = await started(tmp_path, auth=True, bootstrap_token_file=token_file)
-    admin = (("authorization", f"Bearer {token_file.read_text().strip()}"),)
-    api = grpc.aio.insecure_channel(address)
-    agents = grpc.aio.insecure_channel(relay)
-    try:
+    async with relayed(tmp_path, auth=True, bootstrap_token_file=token_file) as r:
+        api, agents = r.api, r.agents
+        admin = (("authorization", f"Bearer {token_file.read_text().strip()}"),)
         stub = fleet_pb2_grpc.FleetServiceStub(api)
-        for name in ("a0", "a1"):
-            await stub.EnrollNode(
-                fleet_pb2.EnrollNodeRequest(
-                    name=name,
-                    bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
-                    username="u",
-                    password="p",
-                ),
-                metadata=admin,
-            )
+        await enrol(api, "a0", "a1", metadata=admin)
         # No credentials.
         agent = Agent(agents)
         agent.send(registration("a0"))
@@ -232,18 +242,12 @@ async def test_relayed_calls_are_authenticated_and_refusals_audited(tmp_path: Pa
         assert {"UNAUTHENTICATED", "PERMISSION_DENIED"} <= codes, codes
         assert all(issued.token not in e.arguments_json + e.detail for e in audit.entries)
         agent.call.cancel()
-    finally:
-        await agents.close()
-        await api.close()
-        await server.stop()
 
 
 @pytest.mark.timeout(120)
 async def test_a_killed_worker_lets_its_agents_go_and_is_started_again(tmp_path: Path) -> None:
-    server, address, relay = await started(tmp_path)
-    api = grpc.aio.insecure_channel(address)
-    agents = grpc.aio.insecure_channel(relay)
-    try:
+    async with relayed(tmp_path) as r:
+        server, api, agents, relay = r.server, r.api, r.agents, r.relay
         await enrol(api, "k0")
         agent = Agent(agents)
         agent.send(registration("k0"))
@@ -271,10 +275,6 @@ async def test_a_killed_worker_lets_its_agents_go_and_is_started_again(tmp_path:
                 await asyncio.sleep(0.2)
         assert server.fleet.agents.is_connected("k0")
         agent.call.cancel()
-    finally:
-        await agents.close()
-        await api.close()
-        await server.stop()
 
 
 @pytest.mark.timeout(120)
@@ -287,18 +287,17 @@ async def test_a_relayed_agent_may_register_only_the_node_its_certificate_names(
     ca = TestCa(tmp_path / "pki")
     server_cert = ca.server()
     node_a = ca.client("m0")
-    server, address, relay = await started(
+    operator = channel_credentials(ca.ca_path, node_a.cert, node_a.key)
+    assert operator is not None
+    async with relayed(
         tmp_path,
+        operator,
         tls_cert=server_cert.cert,
         tls_key=server_cert.key,
         tls_client_ca=ca.ca_path,
         auth=False,
-    )
-    operator = channel_credentials(ca.ca_path, node_a.cert, node_a.key)
-    assert operator is not None
-    api = grpc.aio.secure_channel(address, operator)
-    agents = grpc.aio.secure_channel(relay, operator)
-    try:
+    ) as r:
+        server, api, agents = r.server, r.api, r.agents
         await enrol(api, "m0", "m1")
         agent = Agent(agents)
         agent.send(registration("m1"))
@@ -314,10 +313,6 @@ async def test_a_relayed_agent_may_register_only_the_node_its_certificate_names(
         expires = server.fleet.agents.cert_expires_at("m0")
         assert expires is not None and expires > time.time()
         agent.call.cancel()
-    finally:
-        await agents.close()
-        await api.close()
-        await server.stop()
 
 
 @pytest.mark.timeout(60)
@@ -339,19 +334,19 @@ async def test_a_controller_behind_its_relayed_reports_stops_reading_the_link() 
 
     ours, theirs = socket.socketpair()
     _, writer = await asyncio.open_unix_connection(sock=ours)
-    calls = relayed.RelayedCalls(FrameWriter(writer), handler_for)
+    calls = relayed_calls.RelayedCalls(FrameWriter(writer), handler_for)
     try:
         calls.on_frame((OPEN, 1, (), {}, "ipv4:127.0.0.1:1"))
         await asyncio.sleep(0)
-        calls.on_frame((MESSAGES, [(1, b"x")] * relayed.HIGH))
+        calls.on_frame((MESSAGES, [(1, b"x")] * relayed_calls.HIGH))
         await asyncio.wait_for(calls.room(), 1)  # at HIGH, still room
         calls.on_frame((MESSAGES, [(1, b"x")]))
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(calls.room(), 0.2)
-        assert calls.queued == relayed.HIGH + 1
+        assert calls.queued == relayed_calls.HIGH + 1
         stalled.set()  # the handler catches up
         await asyncio.wait_for(calls.room(), 5)
-        assert calls.queued <= relayed.LOW
+        assert calls.queued <= relayed_calls.LOW
     finally:
         await calls.end_all()
         assert calls.queued == 0
