@@ -94,6 +94,21 @@ CASES = {
     "max-firmware-per-rack-negative": Case(
         lambda _: ["--max-firmware-updates-per-rack", "-1"], "--max-firmware-updates-per-rack:"
     ),
+    "agent-relays-without-agent-listen": Case(
+        lambda _: ["--agent-relays", "2"],
+        "--agent-relays N and --agent-listen HOST:PORT go together",
+    ),
+    "agent-listen-without-relays": Case(
+        lambda _: ["--agent-listen", "127.0.0.1:7000"], "go together"
+    ),
+    "agent-relays-negative": Case(
+        lambda _: ["--agent-relays", "-1", "--agent-listen", "127.0.0.1:7000"],
+        "--agent-relays",
+    ),
+    "agent-listen-port-0": Case(
+        lambda _: ["--agent-relays", "1", "--agent-listen", "127.0.0.1:0"],
+        "--agent-listen 127.0.0.1:0: needs a fixed port",
+    ),
     "listen-port-out-of-range": Case(
         lambda _: ["--listen", "127.0.0.1:99999"], "--listen: port must be a number from 0 to 65535"
     ),
