@@ -23,6 +23,7 @@ import grpc
 import pytest
 from tls_certs import TestCa
 
+from controller.api.relay import frames
 from controller.api.relay import relayed as relayed_calls
 from controller.api.relay.frames import MESSAGES, OPEN, FrameWriter
 from controller.core.model import AgentCommand
@@ -319,10 +320,10 @@ async def test_a_relayed_agent_may_register_only_the_node_its_certificate_names(
 async def test_a_controller_behind_its_relayed_reports_stops_reading_the_link() -> None:
     """Forwarded messages no handler has taken up are bounded: past HIGH the
     link is not read (``room`` waits) until they are down to LOW."""
-    stalled = asyncio.Event()
+    gates = [asyncio.Event()]  # the newest is the next call's
 
     async def never_reads(requests: AsyncIterator[bytes], context: object) -> AsyncIterator[bytes]:
-        await stalled.wait()  # a handler behind: takes nothing up
+        await gates[-1].wait()  # a handler behind: takes nothing up
         async for _ in requests:
             pass
         yield b""
@@ -344,12 +345,22 @@ async def test_a_controller_behind_its_relayed_reports_stops_reading_the_link() 
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(calls.room(), 0.2)
         assert calls.queued == relayed_calls.HIGH + 1
-        stalled.set()  # the handler catches up
+        gates[-1].set()  # the handler catches up
+        gates.append(asyncio.Event())
         await asyncio.wait_for(calls.room(), 5)
         assert calls.queued <= relayed_calls.LOW
+
+        # Fewer messages, but large ones: their bytes are bounded too.
+        big = b"x" * (1024 * 1024)
+        calls.on_frame((OPEN, 2, (), {}, "ipv4:127.0.0.1:2"))
+        await asyncio.sleep(0)
+        calls.on_frame((MESSAGES, [(2, big)] * 257))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(calls.room(), 0.5)
+        assert calls.queued_bytes >= 257 * len(big) > relayed_calls.HIGH_BYTES
     finally:
         await calls.end_all()
-        assert calls.queued == 0
+        assert calls.queued == 0 and calls.queued_bytes == 0
         writer.close()
         theirs.close()
 
@@ -428,3 +439,44 @@ async def test_an_agent_port_in_use_stops_the_start_with_a_clear_error(tmp_path:
     finally:
         await server.stop()
         taken.close()
+
+
+@pytest.mark.timeout(60)
+async def test_frames_batch_messages_in_order_and_refuse_what_is_not_a_frame() -> None:
+    ours, theirs = socket.socketpair()
+    _, writer = await asyncio.open_unix_connection(sock=ours)
+    reader, other = await asyncio.open_unix_connection(sock=theirs)
+    link = FrameWriter(writer)
+    sending = asyncio.create_task(link.run())
+    try:
+        big = b"y" * (1024 * 1024)
+        link.send((OPEN, 7, (), {}, "peer"))
+        for i in range(20):
+            link.message(7, big[:-1] + bytes([i]))
+        got: list[bytes] = []
+        first = await frames.read_frame(reader)
+        assert first is not None and first[0] == OPEN
+        while len(got) < 20:
+            frame = await asyncio.wait_for(frames.read_frame(reader), 10)
+            assert frame is not None and frame[0] == MESSAGES
+            assert sum(len(raw) for _, raw in frame[1]) <= frames.BATCH_BYTES
+            got += [raw for _, raw in frame[1]]
+        assert [raw[-1] for raw in got] == list(range(20))
+
+        # Bytes that are not a frame end the link with FrameError.
+        bad = asyncio.StreamReader()
+        bad.feed_data(b"\x00\x00\x00\x03abc")
+        with pytest.raises(frames.FrameError):
+            await frames.read_frame(bad)
+        bad = asyncio.StreamReader()
+        bad.feed_data(b"\xff\xff\xff\xff")
+        with pytest.raises(frames.FrameError):
+            await frames.read_frame(bad)
+        bad = asyncio.StreamReader()
+        bad.feed_data(frames.encode((1,))[:-1])
+        bad.feed_eof()
+        with pytest.raises(frames.FrameError):
+            await frames.read_frame(bad)
+    finally:
+        sending.cancel()
+        other.close()

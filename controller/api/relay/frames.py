@@ -76,15 +76,23 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
     return frame
 
 
+BATCH_BYTES = 8 * 1024 * 1024  # a MESSAGES frame's messages, at most (one may be larger)
+HIGH_WATER = 4096  # messages queued for the link before ``room`` waits
+HIGH_WATER_BYTES = 64 * 1024 * 1024  # or their bytes
+
+
 class FrameWriter:
     """Frames out, in order, written by one task: messages queued back to
-    back go in one ``MESSAGES`` frame, and a caller may wait for room
-    (``room``) while too many are waiting, which stops it reading more."""
+    back go in one ``MESSAGES`` frame (up to ``BATCH_BYTES``), and a caller
+    may wait for room (``room``) while too many messages or bytes are
+    waiting, which stops it reading more."""
 
-    def __init__(self, writer: asyncio.StreamWriter, *, high_water: int = 4096) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, *, high_water: int = HIGH_WATER) -> None:
         self._writer = writer
         self._queued: list[Any] = []
         self._pending = 0  # messages queued, not yet written
+        self._pending_bytes = 0
+        self._batch_bytes = 0  # of the last MESSAGES batch queued
         self._high_water = high_water
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -101,12 +109,16 @@ class FrameWriter:
         if self.closed:
             return
         queued = self._queued
-        if queued and isinstance(queued[-1], list):
+        size = len(raw)
+        if queued and isinstance(queued[-1], list) and self._batch_bytes + size <= BATCH_BYTES:
             queued[-1].append((call, raw))
+            self._batch_bytes += size
         else:
             queued.append([(call, raw)])
+            self._batch_bytes = size
         self._pending += 1
-        if self._pending >= self._high_water:
+        self._pending_bytes += size
+        if self._pending >= self._high_water or self._pending_bytes >= HIGH_WATER_BYTES:
             self._room.clear()
         self._wake.set()
 
@@ -123,7 +135,7 @@ class FrameWriter:
                 await self._wake.wait()
                 self._wake.clear()
                 queued, self._queued = self._queued, []
-                self._pending = 0
+                self._pending = self._pending_bytes = self._batch_bytes = 0
                 for item in queued:
                     frame = (MESSAGES, item) if isinstance(item, list) else item
                     writer.write(encode(frame))

@@ -27,6 +27,8 @@ _END = object()  # the agent sent its last message, or its call is gone
 # flow control) rather than queueing without bound.
 HIGH = 20_000
 LOW = 5_000
+HIGH_BYTES = 256 * 1024 * 1024  # or their bytes (a message is at most 1 MiB)
+LOW_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class RelayedCalls:
         self._handler_for = handler_for
         self._calls: dict[int, _Call] = {}
         self.queued = 0  # messages forwarded, not yet taken up
+        self.queued_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
 
@@ -123,9 +126,10 @@ class RelayedCalls:
         if not self._room.is_set():
             await self._room.wait()
 
-    def _taken(self, count: int) -> None:
+    def _taken(self, count: int, size: int) -> None:
         self.queued -= count
-        if self.queued <= LOW and not self._room.is_set():
+        self.queued_bytes -= size
+        if self.queued <= LOW and self.queued_bytes <= LOW_BYTES and not self._room.is_set():
             self._room.set()
 
     def on_frame(self, frame: tuple[Any, ...]) -> None:
@@ -137,7 +141,8 @@ class RelayedCalls:
                 if call is not None:
                     call.requests.put_nowait(raw)
                     self.queued += 1
-            if self.queued > HIGH:
+                    self.queued_bytes += len(raw)
+            if self.queued > HIGH or self.queued_bytes > HIGH_BYTES:
                 self._room.clear()
         elif kind == frames.OPEN:
             _, ident, metadata, auth, peer = frame
@@ -196,10 +201,12 @@ class RelayedCalls:
             context.finished()
             if self._calls.get(ident) is call:
                 del self._calls[ident]
-            left = 0
+            left = size = 0
             while not call.requests.empty():
-                left += call.requests.get_nowait() is not _END
-            self._taken(left)
+                raw = call.requests.get_nowait()
+                if raw is not _END:
+                    left, size = left + 1, size + len(raw)
+            self._taken(left, size)
             if not gone:
                 self._link.send((frames.END, ident, code.value[0], str(details or "")))
 
@@ -211,5 +218,5 @@ class RelayedCalls:
             raw = await queue.get()
             if raw is _END:
                 return
-            self._taken(1)
+            self._taken(1, len(raw))
             yield deserialize(raw) if deserialize is not None else raw
