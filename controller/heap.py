@@ -9,6 +9,9 @@ large long-lived heap (the fleet's records, views and caches). Measured with
 of the controller's CPU, and each full collection stopped the process for
 about 110 ms, which is what a p99 sees.
 
+``GcPauses`` times every collection (``kiln_gc_pause_seconds``) and logs
+the long ones.
+
 ``settle`` is called once the controller serves: what exists then (the
 loaded fleet, the modules, the servers) is moved out of the collector's
 sight (``gc.freeze``), and young collections run every ``YOUNG`` net
@@ -18,7 +21,13 @@ for less often.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 YOUNG = 20_000  # net allocations between young collections (CPython: 700)
 OLDER = 10  # young collections between middle ones, and middle between full (as CPython)
@@ -29,3 +38,58 @@ def settle() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG, OLDER, OLDER)
+
+
+class GcPauses:
+    """Times the collector's pauses, each generation apart, while started.
+
+    ``observe(generation, seconds)`` is called after every collection (the
+    metrics' ``kiln_gc_pause_seconds``); a pause of ``slow`` seconds or more
+    is logged, at most once a minute, with how many such pauses there were
+    since the last line. Registered in ``gc.callbacks`` between ``start``
+    and ``stop`` (a process may run several controllers: each has its own).
+    """
+
+    def __init__(
+        self,
+        observe: Callable[[int, float], None],
+        *,
+        slow: float = 0.1,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._observe = observe
+        self._slow = slow
+        self._clock = clock
+        self._began = 0.0
+        self._slow_since_log = 0
+        self._logged_at = float("-inf")
+
+    def start(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = self._clock()
+            return
+        now = self._clock()
+        seconds = now - self._began
+        generation = info.get("generation", 0)
+        self._observe(generation, seconds)
+        if seconds >= self._slow:
+            self._slow_since_log += 1
+            if now - self._logged_at >= 60.0:
+                log.info(
+                    "the garbage collector paused the controller %.0f ms (generation %d; "
+                    "%d pauses of %.0f ms or more since the last such line)",
+                    seconds * 1000,
+                    generation,
+                    self._slow_since_log,
+                    self._slow * 1000,
+                )
+                self._logged_at = now
+                self._slow_since_log = 0

@@ -31,6 +31,7 @@ BMC_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 PLACEMENT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 WAIT_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 PASS_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+GC_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class PrometheusMeter:
@@ -54,6 +55,13 @@ class PrometheusMeter:
             "Health policy actions by rule, action and outcome "
             "(executed, dry_run, capped, failed).",
             ("rule", "action", "outcome"),
+            registry=registry,
+        )
+        self.gc_pause_seconds = Histogram(
+            "kiln_gc_pause_seconds",
+            "The garbage collector's pauses of the controller, by generation (2: the whole heap).",
+            ("generation",),
+            buckets=GC_BUCKETS,
             registry=registry,
         )
         self.health_reports = Counter(
@@ -92,6 +100,9 @@ class PrometheusMeter:
 
     def policy_action(self, rule: str, action: str, outcome: str) -> None:
         self.policy_actions.labels(rule, action, outcome).inc()
+
+    def gc_pause(self, generation: int, seconds: float) -> None:
+        self.gc_pause_seconds.labels(str(generation)).observe(seconds)
 
     def health_report(self) -> None:
         self.health_reports.inc()

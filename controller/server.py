@@ -62,6 +62,7 @@ from controller.core.report_pace import PaceRules
 from controller.dashboard.routes import Dashboard
 from controller.events.broker import BrokerAccess
 from controller.events.publisher import MqttPublisher
+from controller.heap import GcPauses
 from controller.http_server import HttpServer
 from controller.metrics import ControllerMetrics
 from controller.placement import QueueConfig
@@ -278,6 +279,7 @@ class ControllerServer:
         self._publisher_task: asyncio.Task[None] | None = None
         self._limits: RequestLimits | None = None
         self.relays: AgentRelays | None = None
+        self.gc_pauses = GcPauses(self.metrics.meter.gc_pause)
 
     @property
     def auth_enabled(self) -> bool:
@@ -417,6 +419,7 @@ class ControllerServer:
         if cfg.bootstrap_token_file is not None:
             await self._bootstrap(cfg.bootstrap_token_file)
         await self._serve_api()
+        self.gc_pauses.start()
         self._log_auth(credentials is not None)
         log.info(
             "controller listening on %s (%s)",
@@ -589,6 +592,7 @@ class ControllerServer:
     async def stop(self, grace: float = 2.0) -> None:
         """Stop serving (in-flight calls get ``grace`` seconds), then the Fleet,
         the BMC pool and the store; safe to call after a failed or cancelled start."""
+        self.gc_pauses.stop()
         if self.http is not None:
             await self.http.stop()
             self.http = None

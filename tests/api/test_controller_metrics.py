@@ -49,6 +49,7 @@ FAMILIES = (
     "kiln_agent_relay_calls",
     "kiln_agent_relay_restarts",
     "kiln_agent_relay_backlog",
+    "kiln_gc_pause_seconds",
 )
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]

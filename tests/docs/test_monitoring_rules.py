@@ -51,6 +51,7 @@ CONTROLLER_METRICS = CONTROLLER_HISTOGRAMS | {
     "kiln_agent_relay_calls",
     "kiln_agent_relay_restarts",
     "kiln_agent_relay_backlog",
+    "kiln_gc_pause_seconds",
 }
 # The agents' metrics (dcgm-exporter names, on --metrics-port).
 AGENT_METRICS = {

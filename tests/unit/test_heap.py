@@ -43,3 +43,29 @@ def test_cycles_made_after_settle_are_still_collected(restored_gc: None) -> None
     assert gone() is not None
     gc.collect()
     assert gone() is None
+
+
+def test_gc_pauses_are_timed_by_generation_and_long_ones_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[tuple[int, float]] = []
+    ticks = iter([0.0, 0.25, 1.0, 1.001, 2.0, 2.5])  # pauses of 250 ms, 1 ms, 500 ms
+    pauses = heap.GcPauses(lambda g, s: seen.append((g, s)), clock=lambda: next(ticks))
+    caplog.set_level("INFO", logger="controller.heap")
+    gc.disable()  # only the collections below, each with its two ticks
+    pauses.start()
+    pauses.start()  # once only
+    try:
+        gc.collect(2)
+        gc.collect(0)
+        gc.collect(1)
+    finally:
+        pauses.stop()
+        gc.enable()
+    assert [g for g, _ in seen] == [2, 0, 1]
+    assert [round(s, 3) for _, s in seen] == [0.25, 0.001, 0.5]
+    logged = [r.getMessage() for r in caplog.records if r.name == "controller.heap"]
+    assert len(logged) == 1, "at most one line a minute"
+    assert "250 ms (generation 2" in logged[0]
+    gc.collect()
+    assert len(seen) == 3, "stopped: no longer called"
