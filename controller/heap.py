@@ -44,10 +44,12 @@ class GcPauses:
     """Times the collector's pauses, each generation apart, while started.
 
     ``observe(generation, seconds)`` is called after every collection (the
-    metrics' ``kiln_gc_pause_seconds``); a pause of ``slow`` seconds or more
+    metrics' ``kiln_gc_pause_seconds``). A pause of ``slow`` seconds or more
     is logged, at most once a minute, with how many such pauses there were
-    since the last line. Registered in ``gc.callbacks`` between ``start``
-    and ``stop`` (a process may run several controllers: each has its own).
+    since the last line; one of ``very_slow`` or more (a whole-heap
+    collection of a large fleet: rare, and what a p99 sees) always is.
+    Registered in ``gc.callbacks`` between ``start`` and ``stop`` (a
+    process may run several controllers: each has its own).
     """
 
     def __init__(
@@ -55,10 +57,12 @@ class GcPauses:
         observe: Callable[[int, float], None],
         *,
         slow: float = 0.1,
+        very_slow: float = 0.5,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._observe = observe
         self._slow = slow
+        self._very_slow = very_slow
         self._clock = clock
         self._began = 0.0
         self._slow_since_log = 0
@@ -82,7 +86,7 @@ class GcPauses:
         self._observe(generation, seconds)
         if seconds >= self._slow:
             self._slow_since_log += 1
-            if now - self._logged_at >= 60.0:
+            if seconds >= self._very_slow or now - self._logged_at >= 60.0:
                 log.info(
                     "the garbage collector paused the controller %.0f ms (generation %d; "
                     "%d pauses of %.0f ms or more since the last such line)",
