@@ -21,6 +21,7 @@ for less often.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -30,6 +31,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 YOUNG = 20_000  # net allocations between young collections (CPython: 700)
+REFREEZE_AFTER = 0.25  # seconds: a whole-heap pause this long freezes its survivors
 OLDER = 10  # young collections between middle ones, and middle between full (as CPython)
 
 
@@ -50,6 +52,14 @@ class GcPauses:
     collection of a large fleet: rare, and what a p99 sees) always is.
     Registered in ``gc.callbacks`` between ``start`` and ``stop`` (a
     process may run several controllers: each has its own).
+
+    ``refreeze_after`` (seconds; None: never, the default): after a
+    whole-heap collection that long, what survived it is frozen too, on the
+    event loop that called ``start``. A fleet that grew after ``settle``
+    (nodes enrolled while serving) otherwise has every later whole-heap
+    collection walk it again: 1.2 s at 25,000 nodes on a 2-core machine.
+    Frozen objects are still freed by reference counting; only a cycle among
+    them is never collected, as for ``settle``'s.
     """
 
     def __init__(
@@ -58,9 +68,12 @@ class GcPauses:
         *,
         slow: float = 0.1,
         very_slow: float = 0.5,
+        refreeze_after: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._observe = observe
+        self.refreeze_after = refreeze_after
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._slow = slow
         self._very_slow = very_slow
         self._clock = clock
@@ -69,6 +82,8 @@ class GcPauses:
         self._logged_at = float("-inf")
 
     def start(self) -> None:
+        with contextlib.suppress(RuntimeError):  # no loop: nothing to refreeze on
+            self._loop = asyncio.get_running_loop()
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
 
@@ -84,6 +99,10 @@ class GcPauses:
         seconds = now - self._began
         generation = info.get("generation", 0)
         self._observe(generation, seconds)
+        limit = self.refreeze_after
+        if generation == 2 and limit is not None and seconds >= limit and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed
+                self._loop.call_soon_threadsafe(self._refreeze, seconds)
         if seconds >= self._slow:
             self._slow_since_log += 1
             if seconds >= self._very_slow or now - self._logged_at >= 60.0:
@@ -97,3 +116,14 @@ class GcPauses:
                 )
                 self._logged_at = now
                 self._slow_since_log = 0
+
+    def _refreeze(self, seconds: float) -> None:
+        before = gc.get_freeze_count()
+        gc.freeze()
+        log.info(
+            "after a %.0f ms collection of the whole heap, %d more objects are out of the "
+            "collector's sight (gc.freeze; %d in all)",
+            seconds * 1000,
+            gc.get_freeze_count() - before,
+            gc.get_freeze_count(),
+        )

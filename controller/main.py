@@ -80,6 +80,7 @@ async def serve(config: ControllerConfig) -> int:
             return EXIT_OK
         starting.result()
         heap.settle()  # the fleet is loaded: out of the collector's sight
+        server.gc_pauses.refreeze_after = heap.REFREEZE_AFTER  # and what it grows into
         print(f"kiln-controller listening on {server.address}", flush=True)
         lost = asyncio.create_task(server.lock_lost.wait())
         await asyncio.wait({stopping, lost}, return_when=asyncio.FIRST_COMPLETED)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import weakref
 from collections.abc import Iterator
@@ -72,3 +73,24 @@ def test_gc_pauses_are_timed_by_generation_and_long_ones_logged(
     assert "600 ms (generation 2; 2 pauses" in logged[1], "the 200 ms one counted"
     gc.collect()
     assert len(seen) == 4, "stopped: no longer called"
+
+
+async def test_a_slow_whole_heap_collection_freezes_its_survivors(restored_gc: None) -> None:
+    ticks = iter([0.0, 0.3, 1.0, 1.3])  # a 300 ms whole-heap pause, then a 300 ms young one
+    pauses = heap.GcPauses(lambda g, s: None, refreeze_after=0.25, clock=lambda: next(ticks))
+    grown = [[f"enrolled{i}"] for i in range(1000)]  # a fleet that grew while serving
+    gc.disable()
+    pauses.start()
+    try:
+        gc.collect(2)
+        frozen = gc.get_freeze_count()
+        await asyncio.sleep(0)  # the freeze runs on the loop, after the collection
+        assert gc.get_freeze_count() >= frozen + len(grown)
+        assert not any(o is grown[0] for o in gc.get_objects())
+        after = gc.get_freeze_count()
+        gc.collect(0)
+        await asyncio.sleep(0)
+        assert gc.get_freeze_count() <= after, "only a whole-heap pause freezes"
+    finally:
+        pauses.stop()
+        gc.enable()
