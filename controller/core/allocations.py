@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -127,6 +128,23 @@ def mark_ready_if_prepared(tx: Tx, ident: str) -> None:
         spares=alloc.spares,
         domains=alloc.domains,
     )
+
+
+def plainly_fits(spec: AllocationSpec, nodes: Iterable[NodeRecord]) -> bool:
+    """Whether an empty fleet of ``nodes`` holds ``spec`` without asking
+    placement: N nodes of one GPU model anywhere (no racks, segments,
+    spares or exclusive domains), and the fleet has that many. What
+    ``place`` answers for such a request, without building the whole
+    fleet's topology for it (0.5-1 s at 25,000 nodes, on the event loop,
+    for the first request after any inventory change)."""
+    if spec.topology != "any" or spec.racks or spec.segment:
+        return False
+    if spec.spares_per_domain or spec.exclusive:
+        return False
+    counts = Tally(n.gpu_model or "unknown" for n in nodes if n.gpu_count > 0)
+    if spec.gpu_model:
+        return counts[spec.gpu_model] >= spec.nodes
+    return any(count >= spec.nodes for count in counts.values())
 
 
 def request_for(key: str, spec: AllocationSpec, submitted: int) -> Request:
@@ -466,9 +484,11 @@ class Allocations:
         refusal = never_admitted(spec, nodes, self._queues)
         if refusal is not None:
             return refusal
-        whole_fleet = Topology.build(node_spec(n, n.gpu_count > 0) for n in nodes)
         request = request_for("check", spec, submitted=0)
         request.validate()
+        if plainly_fits(spec, nodes):
+            return None
+        whole_fleet = Topology.build(node_spec(n, n.gpu_count > 0) for n in nodes)
         verdict = place(whole_fleet, Usage.from_bookings(whole_fleet, ()), request)
         if isinstance(verdict, NoFit) and not might_fit_once_inspected(spec, nodes):
             return FailedPrecondition(f"this request can never fit the fleet: {verdict.reason}")
