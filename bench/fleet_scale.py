@@ -53,6 +53,12 @@ What is measured, per fleet size N (``--nodes``), each on a fresh controller:
    controller's message shapes, nothing stored or decided): the same
    clients' cycles a second and its CPU per cycle, beside the controller's.
 
+``--agent-relays N`` starts the controller with N relay worker processes
+serving the agent streams on a port of their own (``--agent-listen``; the
+generators and probes dial it): the controller's CPU and RSS then include
+its workers, and the report window also prints the controller process's
+own share.
+
 Everything shares the machine's cores (on a 2-core machine the generators
 take a large share); the generators' CPU is printed beside the controller's.
 Each size ends with a summary line; the last line is the largest size's.
