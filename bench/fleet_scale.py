@@ -577,6 +577,12 @@ async def api_phase(
     list_cores = (controller_cpu_s(pid) - c0) / (time.monotonic() - t0)
     out["list"] = (first_lat, whole_lat, size, list_cores)
 
+    # Said as it begins (the results are printed after every window), so a
+    # profiler can be started on it.
+    print(
+        f"  allocation window begins: {args.alloc_clients} clients for {args.alloc_seconds:g} s",
+        flush=True,
+    )
     create_lat, release_lat, admitted, pending, rate, cores = await alloc_cycles(
         stub, args.alloc_clients, args.alloc_seconds, pid, errors
     )
