@@ -603,14 +603,12 @@ class ControllerServer:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
             self._watchdog = None
+        if self.fleet is not None and (self.relays is not None or self._server is not None):
+            self.fleet.stopping = True  # the streams end now: no event for each
         if self.relays is not None:
-            if self.fleet is not None:
-                self.fleet.stopping = True  # the streams end now: no event for each
             await self.relays.stop()
             self.relays = None
         if self._server is not None:
-            if self.fleet is not None:
-                self.fleet.stopping = True  # the streams end now: no event for each
             await self._server.stop(grace)
             self._server = None
         if self.publisher is not None:

@@ -66,6 +66,13 @@ class Agent:
         return msg  # type: ignore[no-any-return]
 
 
+async def refusal(agent: Agent) -> grpc.aio.AioRpcError:
+    """The status the agent's call ended with, its first answer being a refusal."""
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await agent.read()
+    return refused.value
+
+
 async def until(check: object, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
@@ -178,32 +185,30 @@ async def test_relayed_refusals_keep_their_status_and_text(tmp_path: Path) -> No
         # Not a registration first.
         agent = Agent(agents)
         agent.send(report(40.0))
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await agent.read()
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert refused.value.details() == "first message must be register"
+        refused = await refusal(agent)
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.details() == "first message must be register"
 
         # A node never enrolled.
         agent = Agent(agents)
         agent.send(registration("nowhere"))
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await agent.read()
-        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
-        assert "nowhere" in (refused.value.details() or "")
+        refused = await refusal(agent)
+        assert refused.code() == grpc.StatusCode.NOT_FOUND
+        assert "nowhere" in (refused.details() or "")
 
         # Bytes that are not an AgentMessage: the request limits' answer.
         raw = agents.stream_stream("/kiln.v1.AgentService/Connect")
         call = raw(iter([b"\xff\xff\xff"]))
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
             await call.read()
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "not a valid" in (refused.value.details() or "")
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid" in (raised.value.details() or "")
 
         # The relay port serves the agents' service only.
         stub = fleet_pb2_grpc.FleetServiceStub(agents)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
             await stub.ListNodes(fleet_pb2.ListNodesRequest())
-        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 @pytest.mark.timeout(120)
@@ -217,9 +222,8 @@ async def test_relayed_calls_are_authenticated_and_refusals_audited(tmp_path: Pa
         # No credentials.
         agent = Agent(agents)
         agent.send(registration("a0"))
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await agent.read()
-        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        refused = await refusal(agent)
+        assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
 
         # An agent token of a0 registering a1: refused and audited.
         issued = await stub.IssueAgentToken(
@@ -228,10 +232,9 @@ async def test_relayed_calls_are_authenticated_and_refusals_audited(tmp_path: Pa
         as_a0 = (("authorization", f"Bearer {issued.token}"),)
         agent = Agent(agents, as_a0)
         agent.send(registration("a1"))
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await agent.read()
-        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert issued.token not in (refused.value.details() or "")
+        refused = await refusal(agent)
+        assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert issued.token not in (refused.details() or "")
 
         # The same token registering its own node.
         agent = Agent(agents, as_a0)
@@ -302,10 +305,9 @@ async def test_a_relayed_agent_may_register_only_the_node_its_certificate_names(
         await enrol(api, "m0", "m1")
         agent = Agent(agents)
         agent.send(registration("m1"))
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await agent.read()
-        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "m0" in (refused.value.details() or "")
+        refused = await refusal(agent)
+        assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "m0" in (refused.details() or "")
 
         agent = Agent(agents)
         agent.send(registration("m0"))

@@ -30,6 +30,8 @@ import marshal
 import struct
 from typing import Any
 
+CONNECT = "/kiln.v1.AgentService/Connect"  # the one method the workers forward
+
 READY = 0
 FAILED = 1
 OPEN = 2

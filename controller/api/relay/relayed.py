@@ -19,7 +19,6 @@ from controller.api.relay.frames import FrameWriter
 
 log = logging.getLogger(__name__)
 
-CONNECT = "/kiln.v1.AgentService/Connect"
 _END = object()  # the agent sent its last message, or its call is gone
 # Messages forwarded but not yet taken up by their calls' handlers: above
 # HIGH the link is not read until they are down to LOW, so a controller that
@@ -67,20 +66,11 @@ class RelayedContext:
     def peer(self) -> str:
         return self._peer
 
-    def time_remaining(self) -> float | None:
-        return None  # an agent's stream has no deadline
-
     def code(self) -> grpc.StatusCode | None:
         return self._code
 
     def details(self) -> str:
         return self._details
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self._code = code
-
-    def set_details(self, details: str) -> None:
-        self._details = details
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         self._code, self._details = code, details
@@ -174,7 +164,8 @@ class RelayedCalls:
         code, details = grpc.StatusCode.OK, ""
         gone = False
         try:
-            handler = await self._handler_for(CallDetails(CONNECT, context.invocation_metadata()))
+            details_in = CallDetails(frames.CONNECT, context.invocation_metadata())
+            handler = await self._handler_for(details_in)
             if handler is None or handler.stream_stream is None:
                 code, details = grpc.StatusCode.UNIMPLEMENTED, "not served"
                 return

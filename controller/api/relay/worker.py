@@ -28,13 +28,12 @@ from typing import Any
 
 import grpc
 
+from controller.api.limits import MAX_RECEIVE_BYTES
 from controller.api.relay import frames
 from controller.api.relay.frames import FrameWriter
 
 log = logging.getLogger("kiln.relay")
 
-CONNECT = "/kiln.v1.AgentService/Connect"
-MAX_RECEIVE_BYTES = 1024 * 1024  # as the controller's own port (api/limits.py)
 STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -57,7 +56,7 @@ class Relay(grpc.GenericRpcHandler):
         self._handler = grpc.stream_stream_rpc_method_handler(self._connect)
 
     def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler | None:
-        if handler_call_details.method == CONNECT:
+        if handler_call_details.method == frames.CONNECT:
             return self._handler
         return None  # UNIMPLEMENTED: the agent port serves AgentService only
 
