@@ -27,7 +27,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -591,10 +591,14 @@ class ControllerServer:
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop serving (in-flight calls get ``grace`` seconds), then the Fleet,
-        the BMC pool and the store; safe to call after a failed or cancelled start."""
+        the BMC pool and the store; safe to call after a failed or cancelled start.
+
+        Each step gets at most ``STOP_STEP_S``: one that overruns is logged by
+        name and left behind, so that a stuck step cannot keep the process
+        (or the port and the active lock) from being given back."""
         self.gc_pauses.stop()
         if self.http is not None:
-            await self.http.stop()
+            await _bounded("the dashboard and metrics server", self.http.stop())
             self.http = None
         if self._health is not None:
             await self._health.enter_graceful_shutdown()  # health says NOT_SERVING
@@ -606,22 +610,22 @@ class ControllerServer:
         if self.fleet is not None and (self.relays is not None or self._server is not None):
             self.fleet.stopping = True  # the streams end now: no event for each
         if self.relays is not None:
-            await self.relays.stop()
+            await _bounded("the agent relay workers", self.relays.stop())
             self.relays = None
         if self._server is not None:
-            await self._server.stop(grace)
+            await _bounded("the gRPC server", self._server.stop(grace), extra=grace)
             self._server = None
         if self.publisher is not None:
-            await self.publisher.stop()
+            await _bounded("the event publisher", self.publisher.stop())
             self.publisher = None
         if self._publisher_task is not None:
             self._publisher_task.cancel()
             await asyncio.gather(self._publisher_task, return_exceptions=True)
             self._publisher_task = None
         if self.fleet is not None:
-            await self.fleet.stop()
+            await _bounded("the fleet's loops", self.fleet.stop())
         if self._bmc is not None:
-            await self._bmc.close()
+            await _bounded("the BMC pool", self._bmc.close())
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -631,3 +635,19 @@ class ControllerServer:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+STOP_STEP_S = 15.0  # a shutdown step's limit (``ControllerServer.stop``)
+
+
+async def _bounded(step: str, work: Awaitable[object], *, extra: float = 0.0) -> None:
+    """Await one shutdown step for at most ``STOP_STEP_S`` (+ ``extra``);
+    one that overruns is cancelled and logged by name."""
+    try:
+        await asyncio.wait_for(work, STOP_STEP_S + extra)
+    except TimeoutError:
+        log.warning(
+            "shutdown: %s did not stop within %.0f s; going on without it",
+            step,
+            STOP_STEP_S + extra,
+        )

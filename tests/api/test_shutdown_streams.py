@@ -62,3 +62,36 @@ async def test_stopping_with_streams_open_records_no_disconnect_per_agent(tmp_pa
     reasons = [e.reason for e in events if e.kind == "node.agent"]
     assert reasons.count("agent connected") == NODES
     assert "agent disconnected" not in reasons
+
+
+@pytest.mark.timeout(60)
+async def test_a_stuck_shutdown_step_is_named_and_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step of ``stop`` that never ends (here the fleet's loops) is given up
+    after its limit and logged by name; the store and the state directory's
+    lock are still given back, so the next controller starts."""
+    import controller.server as server_module
+
+    monkeypatch.setattr(server_module, "STOP_STEP_S", 0.5)
+    server = ControllerServer(ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path))
+    await server.start()
+    assert server.fleet is not None
+    stuck = asyncio.Event()
+
+    async def never_stops() -> None:
+        stuck.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(server.fleet, "stop", never_stops)
+    began = asyncio.get_running_loop().time()
+    await asyncio.wait_for(server.stop(), 30)
+    assert stuck.is_set()
+    assert asyncio.get_running_loop().time() - began < 10
+    assert "the fleet's loops did not stop within" in caplog.text
+    assert server.store is None
+    again = ControllerServer(ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path))
+    try:
+        await again.start()  # the lock was released
+    finally:
+        await again.stop()
