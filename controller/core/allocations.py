@@ -510,7 +510,7 @@ class Allocations:
             if alloc is None or alloc.state in (A.RELEASED, A.FAILED):
                 return False
             held = alloc.state in HOLDING
-            for node in tx.nodes.held_by(alloc.id, with_health=False):
+            for node in tx.nodes.held_by(alloc.id, with_health=False, members=alloc.members):
                 node.allocation_id = ""
                 # Still preparing for the allocation: go to the node's own baseline.
                 node.allocation_profile = None

@@ -58,8 +58,14 @@ class NodeRepository(Protocol):
         listing (``controller.core.paging``), never read at an offset."""
         ...
 
-    def held_by(self, allocation: str, *, with_health: bool = True) -> list[NodeRecord]:
-        """The nodes booked to ``allocation`` (``with_health`` as for ``get``)."""
+    def held_by(
+        self, allocation: str, *, with_health: bool = True, members: Sequence[str] = ()
+    ) -> list[NodeRecord]:
+        """The nodes booked to ``allocation`` (``with_health`` as for ``get``).
+        ``members``, the allocation's own nodes and spares, lets a store
+        that already holds those rows answer without a query: booking sets
+        a node's allocation and the allocation's members in one
+        transaction, so the holders are always among them."""
         ...
 
     def find_by_bmc_url(self, url: str) -> list[NodeRecord]:

@@ -418,7 +418,19 @@ class SqlNodes:
         stmt = stmt.order_by(_NODES.c.name).limit(max(0, limit))
         return self._records(self._execute(stmt))
 
-    def held_by(self, allocation: str, *, with_health: bool = True) -> list[NodeRecord]:
+    def held_by(
+        self, allocation: str, *, with_health: bool = True, members: Sequence[str] = ()
+    ) -> list[NodeRecord]:
+        if members and not with_health:
+            # The writer's rows, when it holds every member's (a release
+            # reads the nodes its admission wrote): no query.
+            known = [self._stored.get(name) for name in members]
+            if all(row is not None for row in known):
+                return [
+                    node_record(row, with_health=False)
+                    for row in known
+                    if row is not None and row["allocation_id"] == allocation
+                ]
         rows = self._execute(_NODES_HELD_BY[with_health], {"b_allocation": allocation})
         return self._records(rows, with_health=with_health)
 

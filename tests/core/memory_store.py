@@ -97,7 +97,9 @@ class MemoryNodes:
         ]
         return found[: max(0, limit)]
 
-    def held_by(self, allocation: str, *, with_health: bool = True) -> list[NodeRecord]:
+    def held_by(
+        self, allocation: str, *, with_health: bool = True, members: Sequence[str] = ()
+    ) -> list[NodeRecord]:
         return [n for n in self.find(with_health=with_health) if n.allocation_id == allocation]
 
     def find_by_bmc_url(self, url: str) -> list[NodeRecord]:

@@ -124,3 +124,40 @@ async def test_columns_written_past_a_record_and_removals_are_seen(store: SqlSto
     assert await store.tx(state_of("wr-4")) is None
     with pytest.raises(KeyError):
         await store.tx(lambda tx: tx.nodes.save(node("wr-4")))
+
+
+async def test_an_allocations_holders_come_from_its_members_rows_without_a_select(
+    engine: Engine, store: SqlStore
+) -> None:
+    """``held_by`` with the allocation's members answers from the writer's
+    rows when it holds them all, with what the query answers; a member it
+    does not hold (a fresh writer) sends the query."""
+    for name in ("hb-1", "hb-2", "hb-3"):
+        await store.tx(lambda tx, n=name: tx.nodes.add(node(n), "pw"))  # type: ignore[misc]
+
+    def book(tx: SqlTx) -> None:
+        for name in ("hb-1", "hb-2"):
+            found = tx.nodes.get(name, with_health=False)
+            assert found is not None
+            found.allocation_id = "hb-a"
+            tx.nodes.save(found)
+
+    await store.tx(book)
+    members = ["hb-1", "hb-2", "hb-3"]  # hb-3 a member no longer held
+
+    def holders(tx: SqlTx, among: list[str]) -> list[str]:
+        return sorted(n.name for n in tx.nodes.held_by("hb-a", with_health=False, members=among))
+
+    with selects_from(engine, "nodes") as seen:
+        from_rows = await store.tx(lambda tx: holders(tx, members))
+    assert from_rows == ["hb-1", "hb-2"] and seen == []
+    with selects_from(engine, "nodes") as seen:
+        queried = await store.tx(lambda tx: holders(tx, []))
+    assert queried == from_rows and seen
+    fresh = SqlStore(engine)  # a writer that holds no rows yet
+    try:
+        with selects_from(engine, "nodes") as seen:
+            assert await fresh.tx(lambda tx: holders(tx, members)) == from_rows
+        assert seen
+    finally:
+        fresh.close()
