@@ -98,6 +98,7 @@ import argparse
 import asyncio
 import atexit
 import contextlib
+import math
 import multiprocessing
 import os
 import random
@@ -595,6 +596,21 @@ async def api_phase(
     return out
 
 
+def cycles_text(
+    admitted: int,
+    rate: float,
+    pending: Counter[str],
+    create_lat: list[float],
+    release_lat: list[float],
+) -> str:
+    """An allocation window's outcome and latencies, as its line prints them."""
+    return (
+        f"{admitted} admitted ({rate:.0f}/s), {sum(pending.values())} not; "
+        f"create p50 {ms(pct(create_lat, 0.5))} p99 {ms(pct(create_lat, 0.99))}, "
+        f"release p50 {ms(pct(release_lat, 0.5))} p99 {ms(pct(release_lat, 0.99))}"
+    )
+
+
 async def quiet_alloc_window(
     stub: Any, args: argparse.Namespace, pid: int, generators: Any, probes: Streams
 ) -> float:
@@ -620,10 +636,10 @@ async def quiet_alloc_window(
     probes.resume()
     print(
         f"  CreateAllocation+ReleaseAllocation with the agents quiet ({args.alloc_clients} "
-        f"clients): {admitted} admitted ({rate:.0f}/s), {sum(pending.values())} not; create "
-        f"p50 {ms(pct(create_lat, 0.5))} p99 {ms(pct(create_lat, 0.99))}, release p50 "
-        f"{ms(pct(release_lat, 0.5))} p99 {ms(pct(release_lat, 0.99))}; controller "
-        f"{cores:.2f} cores ({cores / rate * 1e6 if rate else float('nan'):.0f} us/cycle), "
+        "clients): "
+        + cycles_text(admitted, rate, pending, create_lat, release_lat)
+        + f"; controller {cores:.2f} cores "
+        f"({cores / rate * 1e6 if rate else float('nan'):.0f} us/cycle), "
         f"the clients (this process) {clients_cpu:.2f} cores"
     )
     for text, count in (pending + errors).most_common(3):
@@ -656,6 +672,11 @@ class Result:
     asked: float = 0.0  # median report interval the controller asked for at the end
     paces: int = 0  # Pace messages the agents received (the controller's backpressure)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def quiet_measured(self) -> bool:
+        """Whether the quiet allocation window ran (its rate is NaN until then)."""
+        return not math.isnan(self.quiet_alloc_rate)
 
 
 def _log_digest(path: Path) -> list[str]:
@@ -981,10 +1002,8 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             )
             print(
                 f"  CreateAllocation+ReleaseAllocation ({args.alloc_clients} clients, nodes=1): "
-                f"{admitted} admitted ({alloc_rate:.0f}/s), {sum(pending.values())} not; "
-                f"create p50 {ms(pct(create_lat, 0.5))} p99 {ms(pct(create_lat, 0.99))}, "
-                f"release p50 {ms(pct(release_lat, 0.5))} p99 {ms(pct(release_lat, 0.99))}; "
-                f"controller {alloc_cores:.2f} cores"
+                + cycles_text(admitted, alloc_rate, pending, create_lat, release_lat)
+                + f"; controller {alloc_cores:.2f} cores"
             )
             for text, count in pending.most_common(2):
                 print(f"    {count}x {text}")
@@ -1093,11 +1112,7 @@ def summary(r: Result, args: argparse.Namespace) -> str:
         f"{r.cores:.2f} cores, {r.us_per_report:.0f} us/report (floor {r.floor_us:.0f} us, "
         f"{ratio:.1f}x), report p99 {ms(r.report_p99)}, GetNode p99 {ms(r.get_p99)}, "
         f"ListNodes p99 {ms(r.list_p99)}, {r.alloc_rate:.0f} allocations/s"
-        + (
-            f" ({r.quiet_alloc_rate:.0f} with the agents quiet)"
-            if r.quiet_alloc_rate == r.quiet_alloc_rate
-            else ""
-        )
+        + (f" ({r.quiet_alloc_rate:.0f} with the agents quiet)" if r.quiet_measured else "")
         + f", RSS {r.rss_mb:.0f} MB"
         + (f", agents paced to {r.asked:.2f} s" if r.asked > r.interval * 1.001 else "")
     )
@@ -1128,7 +1143,7 @@ def targets(r: Result) -> list[str]:
                 f"  >= 500 admitted allocations/s with the agents quiet: "
                 f"{r.quiet_alloc_rate:.0f}/s ({verdict(r.quiet_alloc_rate >= 500)})"
             ]
-            if r.quiet_alloc_rate == r.quiet_alloc_rate
+            if r.quiet_measured
             else []
         ),
         *_allocation_budget(r),
