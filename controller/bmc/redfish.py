@@ -45,13 +45,11 @@ import contextlib
 import json
 import logging
 import math
-import operator
 import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime
-from itertools import accumulate, count
 from typing import TYPE_CHECKING, Any
 
 import requests
@@ -88,6 +86,7 @@ from controller.core.errors import (
     InvalidArgument,
     NotSupported,
 )
+from controller.core.json_depth import nests_deeper_than
 
 if TYPE_CHECKING:
     # The registry imports this module and address.py imports the registry.
@@ -242,10 +241,8 @@ def _decode_document(body: bytes, where: str) -> Any:
         text = ""
     if reason is None and not text.strip():
         reason = f"{where}: empty answer"
-    elif reason is None and _nesting(text) > MAX_JSON_DEPTH:
-        # Refused before parsing: json.loads recurses once a level, and a
-        # garbage collection run near the recursion limit would run
-        # finalizers with no stack left (see ``_nesting``).
+    elif reason is None and nests_deeper_than(text, MAX_JSON_DEPTH):
+        # Refused before parsing: see controller/core/json_depth.py.
         reason = f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels"
     elif reason is None:
         try:
@@ -264,29 +261,6 @@ def _decode_document(body: bytes, where: str) -> Any:
     if reason is not None:
         raise _BadAnswer(reason)
     return doc
-
-
-# A string runs to its closing quote, or to the end when it has none, so
-# the scan is linear even on an answer of unbalanced quotes.
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
-_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
-_BRACKET_STEPS = str.maketrans({"[": "\x02", "{": "\x02", "]": "\x00", "}": "\x00"})
-
-
-def _nesting(text: str) -> int:
-    """How deep the brackets of ``text`` nest, strings left out, without recursion.
-
-    The count runs in C (``accumulate`` over the brackets alone), so a 16 MiB
-    answer of nothing but brackets is scanned in well under a second, and an
-    ordinary document, with few brackets, in microseconds. An opening bracket
-    steps +1 and a closing one -1; the depth after the i-th bracket is the
-    running sum of the steps shifted to 2 and 0, less i.
-    """
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return 0  # too few brackets to nest too deep: the common case
-    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))
-    steps = brackets.translate(_BRACKET_STEPS).encode("latin-1")
-    return max(map(operator.sub, accumulate(steps), count(1)), default=0)
 
 
 def _depth_over(doc: Any, limit: int) -> bool:

@@ -33,6 +33,7 @@ from controller.core.health import HealthReport
 from controller.core.health_policy import PolicyRunner
 from controller.core.identity import SYSTEM, Caller, Role, TokenInfo
 from controller.core.job_health import AllocationReport
+from controller.core.json_depth import nests_deeper_than
 from controller.core.leaks import DEFAULT_LEAK_INTERVAL, LeakWatcher
 from controller.core.lifecycle import Lifecycle
 from controller.core.live import DEFAULT_FLUSH_INTERVAL, LiveHealth
@@ -91,6 +92,7 @@ log = logging.getLogger(__name__)
 # Health reports a second the controller asks its agents for, at most; more
 # agents than that allows are told to report less often (agent_sample_interval).
 DEFAULT_MAX_REPORTS_PER_SECOND = 5000.0
+MAX_FAULT_DEPTH = 16  # a fault is a flat object; checked before json.loads recurses
 
 
 def _not_a_number(constant: str) -> object:
@@ -788,6 +790,8 @@ class Fleet:
 
     async def inject_fault(self, node: str, fault_json: str) -> CommandOutcome:
         """Forward a fault to a simulated node's fake NVML (simulated fleets only)."""
+        if nests_deeper_than(fault_json, MAX_FAULT_DEPTH):
+            raise InvalidArgument(f"fault JSON is nested deeper than {MAX_FAULT_DEPTH} levels")
         try:
             fault = json.loads(fault_json, parse_constant=_not_a_number, parse_float=_finite)
         except json.JSONDecodeError as e:

@@ -29,6 +29,7 @@ from typing import Generic, TypeVar
 
 from controller.core.allocations import allocation_info
 from controller.core.errors import InvalidArgument
+from controller.core.json_depth import nests_deeper_than
 from controller.core.model import AllocationInfo, NodeInfo
 from controller.core.nodes import Nodes
 from controller.core.ports import Store, Tx
@@ -134,7 +135,10 @@ def _body(token: str) -> dict[str, object]:
         raise InvalidArgument(f"page_token is longer than {MAX_TOKEN_CHARS} characters")
     try:
         raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
-        body = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        if nests_deeper_than(text, 8):  # a token is one flat object
+            raise InvalidArgument(_GARBLED)
+        body = json.loads(text)
     except (binascii.Error, ValueError, RecursionError):  # UnicodeError is a ValueError
         raise InvalidArgument(_GARBLED) from None
     if not isinstance(body, dict):
