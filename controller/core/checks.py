@@ -43,6 +43,7 @@ from controller.checks import CheckSpec, Suite, judge
 from controller.core.agents import AgentHub
 from controller.core.errors import FailedPrecondition, InvalidArgument, KilnError
 from controller.core.eventlog import record
+from controller.core.json_depth import nests_deeper_than
 from controller.core.kinds import EventKind
 from controller.core.model import AgentCommand
 from controller.core.nodes import Nodes
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 
 S = NodeState
 COMMAND_MARGIN_S = 30.0  # beyond a check's own timeout, for the agent to answer
+MAX_FIGURES_DEPTH = 16  # an agent's figures nest a few levels; deeper is refused unparsed
 HISTORY_DEFAULT = 20
 HISTORY_MOST = 500
 _TESTING_REASON = re.compile(r"^running checks: (?P<level>\w+) \((?P<trigger>\w+)\)")
@@ -291,8 +293,10 @@ class CheckRunner:
             return CheckOutcomeInfo(
                 spec.name, spec.kind, False, f"{spec.name}: not run: {e}", time.monotonic() - t0
             )
-        try:
-            figures = json.loads(answer.figures_json) if answer.figures_json else {}
+        figures_json = answer.figures_json
+        try:  # the agent's figures are one flat object; anything else counts as none
+            deep = nests_deeper_than(figures_json, MAX_FIGURES_DEPTH)
+            figures = json.loads(figures_json) if figures_json and not deep else {}
         except ValueError:
             figures = {}
         if not isinstance(figures, dict):
