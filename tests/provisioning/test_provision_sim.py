@@ -203,7 +203,10 @@ async def test_an_agent_that_never_comes_back_is_named_and_quarantined(
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             await _enroll(stub, fleet)
             await wait_all_ready(stub)
-            fleet._watch_interval = 3600.0  # the simulated node never runs the new OS
+            # The simulated node never runs the new OS. (Setting a long watch
+            # interval raced: a watch pass already sleeping its short interval
+            # saw the power cycle and started the agent.)
+            await fleet.pause_power_following()
             lines = [
                 line
                 async for line in stub.ProvisionNodes(
