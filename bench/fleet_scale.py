@@ -55,7 +55,9 @@ What is measured, per fleet size N (``--nodes``), each on a fresh controller:
    its CPU per report received, and the controller/floor ratio. The same
    server answers CreateAllocation and ReleaseAllocation from memory (the
    controller's message shapes, nothing stored or decided): the same
-   clients' cycles a second and its CPU per cycle, beside the controller's.
+   clients' cycles a second and its CPU per cycle, beside the controller's
+   in both allocation windows (the quiet window's ratio to the floor is the
+   figure to compare across runs: the machine's speed moves both).
 
 ``--agent-relays N`` starts the controller with N relay worker processes
 serving the agent streams on a port of their own (``--agent-listen``; the
@@ -613,11 +615,11 @@ def cycles_text(
 
 async def quiet_alloc_window(
     stub: Any, args: argparse.Namespace, pid: int, generators: Any, probes: Streams
-) -> float:
+) -> tuple[float, float]:
     """The allocation window again with every agent quiet (streams open,
     no reports sent): what the allocation path itself does on this fleet,
     apart from the reports that share the controller and the machine with
-    it. Returns admitted allocations a second."""
+    it. Returns (admitted allocations a second, the controller's cores)."""
     await generators.ask(60, "pause")
     await probes.pause()
     await asyncio.sleep(2.0)  # the backlog drains
@@ -644,7 +646,7 @@ async def quiet_alloc_window(
     )
     for text, count in (pending + errors).most_common(3):
         print(f"    {count}x {text}")
-    return rate
+    return rate, cores
 
 
 # --- one fleet size ---------------------------------------------------------------------------
@@ -667,6 +669,7 @@ class Result:
     alloc_cores: float = 0.0
     alloc_floor: float = 0.0  # cycles/s of the bare gRPC server
     quiet_alloc_rate: float = float("nan")  # allocations/s with no reports sent
+    quiet_alloc_cores: float = float("nan")  # the controller's cores meanwhile
     enrolled: int = 0  # nodes enrolled (N with --enrol-all, else the agents')
     rss_mb: float = 0.0
     asked: float = 0.0  # median report interval the controller asked for at the end
@@ -1010,7 +1013,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             for text, count in api["errors"].most_common(3):
                 print(f"    {count}x {text}")
             if args.quiet_alloc_seconds > 0 and alloc_rate:
-                res.quiet_alloc_rate = await quiet_alloc_window(
+                res.quiet_alloc_rate, res.quiet_alloc_cores = await quiet_alloc_window(
                     stub, args, proc.pid, generators, probe_streams
                 )
             if admitted == 0:
@@ -1066,6 +1069,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                         floor_errors,
                     )
                 alloc_us = res.alloc_cores / res.alloc_rate * 1e6
+                quiet_us = res.quiet_alloc_cores / (res.quiet_alloc_rate or math.nan) * 1e6
                 floor_alloc_us = floor_cores / res.alloc_floor * 1e6 if cycles else float("nan")
                 print(
                     f"  allocation floor (bare grpc.aio CreateAllocation+ReleaseAllocation, "
@@ -1073,6 +1077,13 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                     f"cycles/s, {floor_cores:.2f} cores, {floor_alloc_us:.0f} us/cycle; "
                     f"controller {res.alloc_rate:.0f}/s at {alloc_us:.0f} us/cycle "
                     f"({alloc_us / floor_alloc_us:.1f}x the floor's CPU)"
+                    + (
+                        f"; with the agents quiet {res.quiet_alloc_rate:.0f}/s at {quiet_us:.0f} "
+                        f"us/cycle ({quiet_us / floor_alloc_us:.1f}x; the ratio to compare "
+                        "across runs, as the machine's speed moves both)"
+                        if res.quiet_measured and res.quiet_alloc_rate
+                        else ""
+                    )
                 )
                 for text, count in floor_errors.most_common(2):
                     print(f"    {count}x {text}")
