@@ -374,7 +374,13 @@ class Lifecycle:
         if row.kind in MEMBERS and state in (S.ENROLLED, S.INSPECTING):
             return await self._member(row)
         if state == S.ENROLLED:
-            await self._move(row.name, S.INSPECTING, "inspection started")
+            # Only from enrolled: since this step began, a provisioning
+            # request may have taken the node (a rack bring-up with an
+            # image), and inspecting it now would hijack that.
+            if not await self._move(
+                row.name, S.INSPECTING, "inspection started", only_from=S.ENROLLED
+            ):
+                return False
             return await self._step(await self._row(row.name))
         if state == S.INSPECTING:
             return await self._inspect(row)
@@ -681,8 +687,19 @@ class Lifecycle:
     async def _row(self, name: str) -> NodeRecord:
         return await self._nodes.record(name)
 
-    async def _move(self, name: str, target: NodeState, reason: str) -> None:
-        await self._store.tx(lambda tx: move(tx, load_node(tx, name), target, reason))
+    async def _move(
+        self, name: str, target: NodeState, reason: str, *, only_from: NodeState | None = None
+    ) -> bool:
+        """Move the node; with ``only_from``, only while it is still in that
+        state (a step began from a row that may be stale). True if it moved."""
+
+        def write(tx: Tx) -> bool:
+            node = load_node(tx, name)
+            if only_from is not None and node.state != only_from:
+                return False
+            return move(tx, node, target, reason)
+
+        return await self._store.tx(write)
 
     async def _note_once(self, row: NodeRecord, reason: str) -> None:
         """``_note``, skipped (no transaction) when the node already says so:
