@@ -256,27 +256,9 @@ def _decode_document(body: bytes, where: str) -> Any:
         except ValueError as e:  # NaN, or an integer longer than Python converts
             reason = f"{where}: not usable JSON ({_short(str(e), 80)})"
     # Raised outside the except blocks: the error must not hold on to the body.
-    if reason is None and _depth_over(doc, MAX_JSON_DEPTH):
-        reason = f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels"
     if reason is not None:
         raise _BadAnswer(reason)
     return doc
-
-
-def _depth_over(doc: Any, limit: int) -> bool:
-    """True when ``doc`` nests containers more than ``limit`` deep (no recursion)."""
-    level = [doc] if isinstance(doc, dict | list) else []
-    depth = 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        below: list[Any] = []
-        for value in level:
-            items = value.values() if isinstance(value, dict) else value
-            below.extend(v for v in items if isinstance(v, dict | list))
-        level = below
-    return False
 
 
 def _kind(value: Any) -> str:
