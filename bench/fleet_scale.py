@@ -752,10 +752,15 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             bmc_base = f"redfish+http://127.0.0.1:{bmc_port}"
             port = free_port()
             agent_port = free_port() if args.agent_relays > 0 else port
+            relayed_channel: grpc.aio.Channel | None = None
             proc, log_path = start_controller(args, workdir, port, interval, agent_port)
             channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=BIG)
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             await wait_serving(channel, proc)
+            if args.agent_relays > 0 and args.api_via_relays:
+                # Every FleetService call from here on goes through the workers.
+                relayed_channel = grpc.aio.insecure_channel(f"127.0.0.1:{agent_port}", options=BIG)
+                stub = fleet_pb2_grpc.FleetServiceStub(relayed_channel)
 
             e0 = controller_cpu_s(proc.pid)
             took, failures = await enrol(stub, enrolled, bmc_base, args.enrol_in_flight)
@@ -1026,6 +1031,8 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             await generators.ask(60, "disconnect")
             await probe_streams.disconnect()
             await channel.close(grace=None)
+            if relayed_channel is not None:
+                await relayed_channel.close(grace=None)
             stop_s, rc = await asyncio.to_thread(stop_controller, proc)
             print(f"  controller stopped {stop_s:.1f}s after SIGTERM (exit code {rc})")
             for line in _log_digest(log_path):
@@ -1280,6 +1287,12 @@ def main() -> int:
         default=0,
         help="the controller's --agent-relays: worker processes serve the agent streams on a "
         "port of their own (default 0: the controller's process serves them)",
+    )
+    parser.add_argument(
+        "--api-via-relays",
+        action="store_true",
+        help="with --agent-relays: the benchmark's FleetService calls (enrolment, GetNode, "
+        "ListNodes, the allocation windows) go to the relay workers' port too",
     )
     parser.add_argument("--bmc", choices=["responder", "dead"], default="responder")
     parser.add_argument(

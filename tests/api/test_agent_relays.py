@@ -32,6 +32,7 @@ from controller.sim.ports import free_port
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
 from kiln_common.tls import channel_credentials
 
+CONNECT = "/kiln.v1.AgentService/Connect"
 GPU = types_pb2.Gpu(index=0, uuid="GPU-r0", model="NVIDIA H200", memory_mib=141000)
 
 
@@ -204,10 +205,9 @@ async def test_relayed_refusals_keep_their_status_and_text(tmp_path: Path) -> No
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "not a valid" in (raised.value.details() or "")
 
-        # The relay port serves the agents' service only.
-        stub = fleet_pb2_grpc.FleetServiceStub(agents)
+        # The relay port serves Kiln's services only.
         with pytest.raises(grpc.aio.AioRpcError) as raised:
-            await stub.ListNodes(fleet_pb2.ListNodesRequest())
+            await agents.unary_unary("/kiln.v1.Elsewhere/Call")(b"")
         assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -339,7 +339,7 @@ async def test_a_controller_behind_its_relayed_reports_stops_reading_the_link() 
     _, writer = await asyncio.open_unix_connection(sock=ours)
     calls = relayed_calls.RelayedCalls(FrameWriter(writer), handler_for)
     try:
-        calls.on_frame((OPEN, 1, (), {}, "ipv4:127.0.0.1:1"))
+        calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
         await asyncio.sleep(0)
         calls.on_frame((MESSAGES, [(1, b"x")] * relayed_calls.HIGH))
         await asyncio.wait_for(calls.room(), 1)  # at HIGH, still room
@@ -354,7 +354,7 @@ async def test_a_controller_behind_its_relayed_reports_stops_reading_the_link() 
 
         # Fewer messages, but large ones: their bytes are bounded too.
         big = b"x" * (1024 * 1024)
-        calls.on_frame((OPEN, 2, (), {}, "ipv4:127.0.0.1:2"))
+        calls.on_frame((OPEN, 2, CONNECT, (), {}, "ipv4:127.0.0.1:2", None))
         await asyncio.sleep(0)
         calls.on_frame((MESSAGES, [(2, big)] * 257))
         with pytest.raises(TimeoutError):
@@ -452,7 +452,7 @@ async def test_frames_batch_messages_in_order_and_refuse_what_is_not_a_frame() -
     sending = asyncio.create_task(link.run())
     try:
         big = b"y" * (1024 * 1024)
-        link.send((OPEN, 7, (), {}, "peer"))
+        link.send((OPEN, 7, CONNECT, (), {}, "peer", None))
         for i in range(20):
             link.message(7, big[:-1] + bytes([i]))
         got: list[bytes] = []

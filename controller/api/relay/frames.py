@@ -1,4 +1,4 @@
-"""The frames between the controller and its agent relay workers.
+"""The frames between the controller and its relay workers.
 
 A frame is a 4-byte big-endian length and a ``marshal``-encoded tuple of
 plain values (ints, strings, bytes, tuples, lists, dicts): no objects, no
@@ -8,17 +8,19 @@ worker alone, so nothing else can write to it.
 Worker to controller:
 
 * ``(READY,)`` once its port is bound; ``(FAILED, reason)`` when it cannot be;
-* ``(OPEN, call, metadata, auth, peer)`` a new agent call: its metadata
-  pairs, its auth context when the port asks for client certificates
-  (``x509_pem_cert``, ``x509_common_name``, ``peer_dns``...; else ``{}``)
-  and its peer address;
+* ``(OPEN, call, method, metadata, auth, peer, timeout)`` a new call: its
+  method's path (one of ``methods.FORWARDED``), its metadata pairs, its
+  auth context when the port asks for client certificates
+  (``x509_pem_cert``, ``x509_common_name``, ``peer_dns``...; else ``{}``),
+  its peer address and the seconds left before its deadline (None: none);
 * ``(MESSAGES, [(call, raw), ...])`` the calls' messages, as received, in order;
-* ``(HALF_CLOSE, call)`` the agent has sent its last message;
-* ``(GONE, call)`` the call ended on the agent's side (cancelled, disconnected).
+* ``(HALF_CLOSE, call)`` the client has sent its last message;
+* ``(GONE, call)`` the call ended on the client's side (cancelled,
+  disconnected), or the worker has sent its status.
 
 Controller to worker:
 
-* ``(OUT, call, raw)`` a message to send to the agent;
+* ``(OUT, call, raw)`` a message to send to the client;
 * ``(END, call, code, details)`` end the call with this status (a
   ``grpc.StatusCode``'s number; 0 is OK).
 """
@@ -29,8 +31,6 @@ import asyncio
 import marshal
 import struct
 from typing import Any
-
-CONNECT = "/kiln.v1.AgentService/Connect"  # the one method the workers forward
 
 READY = 0
 FAILED = 1

@@ -1,13 +1,14 @@
-"""The controller's side of one relay worker's link: each forwarded agent
-call runs through the same handler a direct call gets (the request limits,
-authentication and audit, ``AgentService.Connect``), with a
-``RelayedContext`` standing in for gRPC's servicer context."""
+"""The controller's side of one relay worker's link: each forwarded call
+runs through the same handler a direct call gets (the request limits,
+authentication and audit, then ``AgentService`` or ``FleetService``), with
+a ``RelayedContext`` standing in for gRPC's servicer context."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,17 +43,23 @@ HandlerFor = Callable[[CallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 
 
 class RelayedContext:
-    """What Kiln's interceptors and ``AgentService`` ask of a servicer
-    context, for a call a relay worker forwarded. ``abort`` raises gRPC's
-    own ``AbortError``, and the status is sent to the worker when the
-    handler ends."""
+    """What Kiln's interceptors and servicers ask of a servicer context, for
+    a call a relay worker forwarded. ``abort`` raises gRPC's own
+    ``AbortError``, and the status is sent to the worker when the handler
+    ends."""
 
     def __init__(
-        self, metadata: tuple[tuple[str, Any], ...], auth: Mapping[str, Iterable[bytes]], peer: str
+        self,
+        metadata: tuple[tuple[str, Any], ...],
+        auth: Mapping[str, Iterable[bytes]],
+        peer: str,
+        timeout: float | None = None,
     ) -> None:
         self._metadata = metadata
         self._auth = auth
         self._peer = peer
+        # The call's deadline, as the worker saw it when the call opened.
+        self._deadline = None if timeout is None else time.monotonic() + timeout
         self._code: grpc.StatusCode | None = None
         self._details = ""
         self._done: list[Callable[[Any], None]] = []
@@ -65,6 +72,11 @@ class RelayedContext:
 
     def peer(self) -> str:
         return self._peer
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
 
     def code(self) -> grpc.StatusCode | None:
         return self._code
@@ -135,10 +147,11 @@ class RelayedCalls:
             if self.queued > HIGH or self.queued_bytes > HIGH_BYTES:
                 self._room.clear()
         elif kind == frames.OPEN:
-            _, ident, metadata, auth, peer = frame
+            _, ident, method, metadata, auth, peer, timeout = frame
             call = self._calls[ident] = _Call()
+            context = RelayedContext(tuple(metadata), auth, peer, timeout)
             call.task = asyncio.create_task(
-                self._run(ident, call, RelayedContext(tuple(metadata), auth, peer)),
+                self._run(ident, call, CallDetails(method, context.invocation_metadata()), context),
                 name=f"kiln-relayed-{ident}",
             )
         elif kind == frames.HALF_CLOSE:
@@ -160,34 +173,25 @@ class RelayedCalls:
             self._gone(ident)
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run(self, ident: int, call: _Call, context: RelayedContext) -> None:
-        code, details = grpc.StatusCode.OK, ""
+    async def _run(
+        self, ident: int, call: _Call, details: CallDetails, context: RelayedContext
+    ) -> None:
+        code, details_out = grpc.StatusCode.OK, ""
         gone = False
         try:
-            details_in = CallDetails(frames.CONNECT, context.invocation_metadata())
-            handler = await self._handler_for(details_in)
-            if handler is None or handler.stream_stream is None:
-                code, details = grpc.StatusCode.UNIMPLEMENTED, "not served"
+            handler = await self._handler_for(details)
+            if handler is None:
+                code, details_out = grpc.StatusCode.UNIMPLEMENTED, "not served"
                 return
-            deserialize = handler.request_deserializer
-            serialize = handler.response_serializer
-            responses = handler.stream_stream(self._requests(call, deserialize), context)
-            try:
-                async for response in responses:
-                    self._link.send(
-                        (frames.OUT, ident, serialize(response) if serialize else response)
-                    )
-            finally:
-                with contextlib.suppress(Exception):
-                    await responses.aclose()
-            code, details = context.code() or grpc.StatusCode.OK, context.details()
+            await self._serve(ident, call, handler, context)
+            code, details_out = context.code() or grpc.StatusCode.OK, context.details()
         except grpc.aio.AbortError:
-            code, details = context.code() or grpc.StatusCode.UNKNOWN, context.details()
+            code, details_out = context.code() or grpc.StatusCode.UNKNOWN, context.details()
         except asyncio.CancelledError:
             gone = True
         except Exception:
-            log.exception("a relayed agent call failed")
-            code, details = grpc.StatusCode.INTERNAL, "internal error on the agent stream"
+            log.exception("a relayed call to %s failed", details.method)
+            code, details_out = grpc.StatusCode.INTERNAL, "internal error in the relayed call"
         finally:
             context.finished()
             if self._calls.get(ident) is call:
@@ -199,7 +203,44 @@ class RelayedCalls:
                     left, size = left + 1, size + len(raw)
             self._taken(left, size)
             if not gone:
-                self._link.send((frames.END, ident, code.value[0], str(details or "")))
+                self._link.send((frames.END, ident, code.value[0], str(details_out or "")))
+
+    async def _serve(
+        self, ident: int, call: _Call, handler: grpc.RpcMethodHandler, context: RelayedContext
+    ) -> None:
+        """Run the handler of whichever shape on the call's messages, and
+        send its answers."""
+        deserialize = handler.request_deserializer
+        serialize = handler.response_serializer
+        link = self._link
+
+        def out(response: Any) -> None:
+            link.send((frames.OUT, ident, serialize(response) if serialize else response))
+
+        request: Any
+        if handler.request_streaming:
+            request = self._requests(call, deserialize)
+        else:
+            raw = await call.requests.get()
+            if raw is _END:
+                await context.abort(grpc.StatusCode.INTERNAL, "the call sent no request")
+            self._taken(1, len(raw))
+            request = deserialize(raw) if deserialize is not None else raw
+        if not handler.response_streaming:
+            unary = handler.stream_unary if handler.request_streaming else handler.unary_unary
+            out(await unary(request, context))
+            return
+        streaming = handler.stream_stream if handler.request_streaming else handler.unary_stream
+        responses = streaming(request, context)
+        if not hasattr(responses, "__aiter__"):  # a coroutine that wrote nothing, or aborted
+            await responses
+            return
+        try:
+            async for response in responses:
+                out(response)
+        finally:
+            with contextlib.suppress(Exception):
+                await responses.aclose()
 
     async def _requests(
         self, call: _Call, deserialize: Callable[[bytes], Any] | None

@@ -1,5 +1,6 @@
-"""An agent relay worker: a process that serves the agents' gRPC connections
-on the agent port and forwards their calls to the controller.
+"""A relay worker: a process that serves gRPC connections on the relay
+port (``--agent-listen``) and forwards their calls to the controller: the
+agents' streams, and any client's calls to ``FleetService``.
 
 It decides nothing and stores nothing: every call's messages go to the
 controller as they arrive (``frames.MESSAGES``), and what the controller
@@ -23,6 +24,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ import grpc
 from controller.api.limits import MAX_RECEIVE_BYTES
 from controller.api.relay import frames
 from controller.api.relay.frames import FrameWriter
+from controller.api.relay.methods import FORWARDED, Shape
 
 log = logging.getLogger("kiln.relay")
 
@@ -46,19 +49,33 @@ class _Call:
 
 
 class Relay(grpc.GenericRpcHandler):
-    """The agent port's one method, forwarded; answers from the controller."""
+    """Every method of Kiln's services, forwarded; answers from the controller."""
 
     def __init__(self, link: FrameWriter, *, certificates: bool) -> None:
         self._link = link
         self._certificates = certificates  # the port asks for client certificates
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
-        self._handler = grpc.stream_stream_rpc_method_handler(self._connect)
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler | None:
-        if handler_call_details.method == frames.CONNECT:
-            return self._handler
-        return None  # UNIMPLEMENTED: the agent port serves AgentService only
+        method: str = handler_call_details.method
+        handler = self._handlers.get(method)
+        if handler is None:
+            shape = FORWARDED.get(method)
+            if shape is None:
+                return None  # UNIMPLEMENTED: the workers serve Kiln's services only
+            handler = self._handlers[method] = self._handler(method, shape)
+        return handler
+
+    def _handler(self, method: str, shape: Shape) -> grpc.RpcMethodHandler:
+        if shape.request_streaming and shape.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(partial(self._stream_stream, method))
+        if shape.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(partial(self._stream_unary, method))
+        if shape.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(partial(self._unary_stream, method))
+        return grpc.unary_unary_rpc_method_handler(partial(self._unary_unary, method))
 
     def answer(self, frame: tuple[Any, ...]) -> None:
         """A frame from the controller for one of the calls."""
@@ -76,9 +93,9 @@ class Relay(grpc.GenericRpcHandler):
                 (grpc.StatusCode.UNAVAILABLE.value[0], "the controller is not reachable")
             )
 
-    async def _connect(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
+    # -- one call: opened, its messages forwarded, the controller's answers sent
+
+    def _open(self, method: str, context: grpc.aio.ServicerContext) -> tuple[int, _Call]:
         ident = next(self._ids)
         call = self._calls[ident] = _Call()
         auth: dict[str, list[bytes]] = {}
@@ -86,23 +103,86 @@ class Relay(grpc.GenericRpcHandler):
             for key, values in context.auth_context().items():
                 auth[str(key)] = [bytes(v) for v in values]
         metadata = tuple((m.key, m.value) for m in context.invocation_metadata() or ())
-        self._link.send((frames.OPEN, ident, metadata, auth, context.peer()))
+        opened = (frames.OPEN, ident, method, metadata, auth, context.peer())
+        self._link.send((*opened, context.time_remaining()))
+        return ident, call
+
+    def _close(self, ident: int) -> None:
+        del self._calls[ident]
+        self._link.send((frames.GONE, ident))
+
+    def _only(self, ident: int, request: bytes) -> None:
+        self._link.message(ident, request)
+        self._link.send((frames.HALF_CLOSE, ident))
+
+    async def _answers(
+        self, call: _Call, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """The controller's messages for the call, until it ends it (a
+        status other than OK aborts the call with it)."""
+        while True:
+            item = await call.outgoing.get()
+            if isinstance(item, bytes):
+                yield item
+                continue
+            code, details = item
+            if code != 0:
+                status = STATUS_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
+                await context.abort(status, details)
+            return
+
+    async def _last(self, call: _Call, context: grpc.aio.ServicerContext) -> bytes:
+        """A unary answer: the controller's one message."""
+        response = None
+        async for raw in self._answers(call, context):
+            response = raw
+        if response is None:
+            await context.abort(grpc.StatusCode.INTERNAL, "the controller sent no answer")
+        return response  # type: ignore[return-value]
+
+    async def _unary_unary(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        ident, call = self._open(method, context)
+        try:
+            self._only(ident, request)
+            return await self._last(call, context)
+        finally:
+            self._close(ident)
+
+    async def _unary_stream(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        ident, call = self._open(method, context)
+        try:
+            self._only(ident, request)
+            async for raw in self._answers(call, context):
+                yield raw
+        finally:
+            self._close(ident)
+
+    async def _stream_unary(
+        self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> bytes:
+        ident, call = self._open(method, context)
         reader = asyncio.create_task(self._forward(ident, requests))
         try:
-            while True:
-                item = await call.outgoing.get()
-                if isinstance(item, bytes):
-                    yield item
-                    continue
-                code, details = item
-                if code != 0:
-                    status = STATUS_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
-                    await context.abort(status, details)
-                return
+            return await self._last(call, context)
         finally:
             reader.cancel()
-            del self._calls[ident]
-            self._link.send((frames.GONE, ident))
+            self._close(ident)
+
+    async def _stream_stream(
+        self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        ident, call = self._open(method, context)
+        reader = asyncio.create_task(self._forward(ident, requests))
+        try:
+            async for raw in self._answers(call, context):
+                yield raw
+        finally:
+            reader.cancel()
+            self._close(ident)
 
     async def _forward(self, ident: int, requests: AsyncIterator[bytes]) -> None:
         link = self._link
