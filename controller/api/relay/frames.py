@@ -8,15 +8,17 @@ worker alone, so nothing else can write to it.
 Worker to controller:
 
 * ``(READY,)`` once its port is bound; ``(FAILED, reason)`` when it cannot be;
-* ``(OPEN, call, method, metadata, auth, peer, timeout)`` a new call: its
-  method's path (one of ``methods.FORWARDED``), its metadata pairs, its
-  auth context when the port asks for client certificates
+* ``(OPEN, call, method, metadata, auth, peer, timeout[, request])`` a new
+  call: its method's path (one of ``methods.FORWARDED``), its metadata
+  pairs, its auth context when the port asks for client certificates
   (``x509_pem_cert``, ``x509_common_name``, ``peer_dns``...; else ``{}``),
-  its peer address and the seconds left before its deadline (None: none);
+  its peer address, the seconds left before its deadline (None: none) and,
+  for a method of one request message, that message (then no
+  ``MESSAGES`` or ``HALF_CLOSE`` follow for the call);
 * ``(MESSAGES, [(call, raw), ...])`` the calls' messages, as received, in order;
 * ``(HALF_CLOSE, call)`` the client has sent its last message;
 * ``(GONE, call)`` the call ended on the client's side (cancelled,
-  disconnected), or the worker has sent its status.
+  disconnected) before the controller ended it.
 
 Controller to worker:
 

@@ -147,8 +147,13 @@ class RelayedCalls:
             if self.queued > HIGH or self.queued_bytes > HIGH_BYTES:
                 self._room.clear()
         elif kind == frames.OPEN:
-            _, ident, method, metadata, auth, peer, timeout = frame
+            _, ident, method, metadata, auth, peer, timeout, *request = frame
             call = self._calls[ident] = _Call()
+            if request:  # a call of one request message: all its requests
+                call.requests.put_nowait(request[0])
+                call.requests.put_nowait(_END)
+                self.queued += 1
+                self.queued_bytes += len(request[0])
             context = RelayedContext(tuple(metadata), auth, peer, timeout)
             call.task = asyncio.create_task(
                 self._run(ident, call, CallDetails(method, context.invocation_metadata()), context),

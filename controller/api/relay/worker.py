@@ -41,11 +41,12 @@ STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class _Call:
-    __slots__ = ("outgoing",)
+    __slots__ = ("ended", "outgoing")
 
     def __init__(self) -> None:
         # raw messages to send, then (code, details) to end with
         self.outgoing: asyncio.Queue[bytes | tuple[int, str]] = asyncio.Queue()
+        self.ended = False  # the controller ended it (it needs no GONE)
 
 
 class Relay(grpc.GenericRpcHandler):
@@ -85,6 +86,7 @@ class Relay(grpc.GenericRpcHandler):
         if frame[0] == frames.OUT:
             call.outgoing.put_nowait(frame[2])
         elif frame[0] == frames.END:
+            call.ended = True
             call.outgoing.put_nowait((frame[2], frame[3]))
 
     def end_all(self) -> None:
@@ -95,7 +97,11 @@ class Relay(grpc.GenericRpcHandler):
 
     # -- one call: opened, its messages forwarded, the controller's answers sent
 
-    def _open(self, method: str, context: grpc.aio.ServicerContext) -> tuple[int, _Call]:
+    def _open(
+        self, method: str, context: grpc.aio.ServicerContext, request: bytes | None = None
+    ) -> tuple[int, _Call]:
+        """Tell the controller of a new call; a call of one request message
+        sends it in the same frame (its whole request stream)."""
         ident = next(self._ids)
         call = self._calls[ident] = _Call()
         auth: dict[str, list[bytes]] = {}
@@ -104,16 +110,13 @@ class Relay(grpc.GenericRpcHandler):
                 auth[str(key)] = [bytes(v) for v in values]
         metadata = tuple((m.key, m.value) for m in context.invocation_metadata() or ())
         opened = (frames.OPEN, ident, method, metadata, auth, context.peer())
-        self._link.send((*opened, context.time_remaining()))
+        timeout = context.time_remaining()
+        self._link.send((*opened, timeout) if request is None else (*opened, timeout, request))
         return ident, call
 
     def _close(self, ident: int) -> None:
-        del self._calls[ident]
-        self._link.send((frames.GONE, ident))
-
-    def _only(self, ident: int, request: bytes) -> None:
-        self._link.message(ident, request)
-        self._link.send((frames.HALF_CLOSE, ident))
+        if not self._calls.pop(ident).ended:
+            self._link.send((frames.GONE, ident))
 
     async def _answers(
         self, call: _Call, context: grpc.aio.ServicerContext
@@ -143,9 +146,8 @@ class Relay(grpc.GenericRpcHandler):
     async def _unary_unary(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
-        ident, call = self._open(method, context)
+        ident, call = self._open(method, context, request)
         try:
-            self._only(ident, request)
             return await self._last(call, context)
         finally:
             self._close(ident)
@@ -153,9 +155,8 @@ class Relay(grpc.GenericRpcHandler):
     async def _unary_stream(
         self, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        ident, call = self._open(method, context)
+        ident, call = self._open(method, context, request)
         try:
-            self._only(ident, request)
             async for raw in self._answers(call, context):
                 yield raw
         finally:
