@@ -207,7 +207,7 @@ class FleetGauges:
         )
         self.relay_calls = Gauge(
             "kiln_agent_relay_calls",
-            "Agent calls open through the relay workers.",
+            "Calls open through the relay workers (agent streams and FleetService calls).",
             registry=registry,
         )
         self.relay_restarts = Gauge(

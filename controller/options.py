@@ -145,16 +145,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent-listen",
         type=host_port,
         default=None,
-        help="HOST:PORT (a fixed port) where --agent-relays worker processes serve the agents' "
-        "streams; agents still reach --listen too",
+        help="HOST:PORT (a fixed port) where --agent-relays worker processes serve Kiln's "
+        "services: the agents' streams and FleetService calls (health and reflection stay on "
+        "--listen, which still serves everything too)",
     )
     p.add_argument(
         "--agent-relays",
         type=int,
         default=0,
-        help="worker processes serving the agent streams on --agent-listen (default 0: the "
-        "controller's own process serves them): at fleet size, the streams then take "
-        "another core's time, not the controller's",
+        help="worker processes serving the agent streams and FleetService calls on "
+        "--agent-listen (default 0: the controller's own process serves them): at fleet size, "
+        "their gRPC work then takes another core's time, not the controller's",
     )
     p.add_argument(
         "--db",

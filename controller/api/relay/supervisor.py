@@ -95,7 +95,11 @@ class AgentRelays:
             if isinstance(e, TimeoutError):
                 raise RelayStartError(address=self.listen, reason="no answer in time") from None
             raise
-        log.info("agents served on %s by %d relay worker processes", self.listen, self.count)
+        log.info(
+            "agents and FleetService served on %s by %d relay worker processes",
+            self.listen,
+            self.count,
+        )
 
     def signal_all(self, signum: int) -> None:
         for process in self._processes.values():
