@@ -63,7 +63,9 @@ What is measured, per fleet size N (``--nodes``), each on a fresh controller:
 serving the agent streams on a port of their own (``--agent-listen``; the
 generators and probes dial it): the controller's CPU and RSS then include
 its workers, and the report window also prints the controller process's
-own share.
+own share. With ``--api-via-relays`` too, the benchmark's ``FleetService``
+calls (enrolment, GetNode, ListNodes, the allocation windows) go to the
+workers' port as well, which forwards them to the controller.
 
 Everything shares the machine's cores (on a 2-core machine the generators
 take a large share); the generators' CPU is printed beside the controller's.
