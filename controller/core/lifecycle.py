@@ -392,7 +392,10 @@ class Lifecycle:
             return await self._provision(row)
         if state == S.TESTING:
             if self._checks is None:  # a suite was configured before a restart
-                await self._move(row.name, S.PREPARING, "no check suite configured")
+                if not await self._move(
+                    row.name, S.PREPARING, "no check suite configured", only_from=S.TESTING
+                ):
+                    return False  # the row was stale: the node has moved on
                 return await self._prepare(await self._row(row.name))
             if not self._checks.running(row.name) and not self._agents.is_connected(row.name):
                 self._back_off(row, idle=True)  # its registration pokes the node
@@ -426,7 +429,10 @@ class Lifecycle:
     async def _provision(self, row: NodeRecord) -> bool:
         """One provisioning step; inspects the node at once when its agent is back."""
         if self._provisioner is None:
-            await self._move(row.name, S.INSPECTING, "no provisioner configured")
+            if not await self._move(
+                row.name, S.INSPECTING, "no provisioner configured", only_from=S.PROVISIONING
+            ):
+                return False  # the row was stale: the node has moved on
             return await self._step(await self._row(row.name))
         moved = await self._provisioner.step(row)
         if moved is None:  # waiting: for a slot, or for the agent (its registration pokes)
