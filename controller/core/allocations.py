@@ -50,6 +50,7 @@ from controller.core.nodes import Nodes, held_back, validate_name
 from controller.core.ports import Store, Tx
 from controller.core.records import AllocationRecord, NodeRecord
 from controller.core.states import HOLDING, OPEN, AllocationState, NodeKind, NodeState
+from controller.core.tasks import BackgroundTasks
 from controller.core.transitions import move
 from controller.placement import (
     Booking,
@@ -239,6 +240,7 @@ class Allocations:
         self._fits_inventory = -1
         self._asked = 0  # schedule passes asked for, and covered by a finished pass
         self._passed = 0
+        self._background = BackgroundTasks()  # passes asked for by releases
         # What held nodes went through, per allocation (``report``).
         self.job_health = JobHealth()
         # Each compute node's spec, recomputed only where something changed
@@ -535,8 +537,25 @@ class Allocations:
 
         if await self._store.tx(write):
             self.job_health.close(info.id)
-        await self.schedule_pass()
+        # The nodes it freed may admit what waits: a pass, which the release
+        # does not wait for (it holds nothing of its caller's).
+        self._background.spawn(self._pass_after_release(), name="kiln-pass-after-release")
         return await self.get(info.id)
+
+    async def settle(self) -> None:
+        """Wait for the passes releases asked for."""
+        await self._background.settle()
+
+    async def stop(self) -> None:
+        await self._background.stop()
+
+    async def _pass_after_release(self) -> None:
+        try:
+            await self.schedule_pass()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the scheduling pass after a release failed")
 
     async def report(self, ident: str) -> AllocationReport:
         """The health report of a released allocation (by id or idempotency key).

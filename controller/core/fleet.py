@@ -258,6 +258,7 @@ class Fleet:
     async def stop(self) -> None:
         await self._loops.stop()
         await self._background.stop()
+        await self.allocations.stop()
         await self.leaks.stop()
         await self.lifecycle.stop()
         if self.checks is not None:

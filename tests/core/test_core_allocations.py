@@ -283,3 +283,23 @@ async def test_a_pass_remakes_only_the_bookings_whose_allocation_changed(
         alloc = await f.get_allocation(ident)
         assert booking.nodes == alloc.nodes and record.id == ident
         assert booking.gpus == 4 * len(alloc.nodes)
+
+
+async def test_a_release_does_not_wait_for_the_scheduling_pass_it_asks_for(
+    fleet: tuple[Fleet, Racks],
+) -> None:
+    f, racks = fleet
+    await racks.add(TRAYS, rack="r1")
+    first = await f.create_allocation("a", AllocationSpec(nodes=3))
+    second = await f.create_allocation("b", AllocationSpec(nodes=2))
+    assert second.state == AllocationState.PENDING
+    asked = f.allocations._asked
+    async with f.allocations._lock:  # a scheduling pass is running
+        released = await asyncio.wait_for(f.release(first.id), 5)
+        assert released.state == AllocationState.RELEASED
+    await f.allocations.settle()
+    assert f.allocations._passed > asked  # the pass it asked for ran once the lock was free
+    await reconcile(f)  # the released nodes are reset and ready again
+    await f.allocations.schedule_pass()
+    admitted = await f.get_allocation(second.id)
+    assert admitted.state == AllocationState.READY and len(admitted.nodes) == 2
