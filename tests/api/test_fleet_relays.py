@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -136,3 +137,52 @@ async def _pipe() -> tuple[
 ]:
     a, b = socket.socketpair()
     return await asyncio.open_unix_connection(sock=a), await asyncio.open_unix_connection(sock=b)
+
+
+async def test_a_relayed_server_stream_sends_no_more_than_its_window_ahead_of_the_worker() -> None:
+    made = 0
+
+    async def stream(request: bytes, context: RelayedContext) -> AsyncIterator[bytes]:
+        nonlocal made
+        for _ in range(10 * frames.WINDOW):
+            made += 1
+            yield request
+
+    async def handler_for(details: CallDetails) -> grpc.RpcMethodHandler | None:
+        return grpc.unary_stream_rpc_method_handler(stream)
+
+    ours, theirs = await _pipe()
+    link = FrameWriter(ours[1])
+    sending = asyncio.create_task(link.run())
+    calls = RelayedCalls(link, handler_for)
+    calls.on_frame((frames.OPEN, 5, "/kiln.v1.FleetService/WatchEvents", (), {}, "p", None, b"e"))
+
+    async def outs(count: int) -> None:
+        for _ in range(count):
+            frame = await asyncio.wait_for(frames.read_frame(theirs[0]), 10)
+            assert frame == (frames.OUT, 5, b"e")
+
+    await outs(frames.WINDOW)
+    await asyncio.sleep(0.2)  # a client that reads nothing: the handler waits
+    assert made <= frames.WINDOW + 1
+    calls.on_frame((frames.SENT, 5, 10))  # the worker's client took 10
+    await outs(10)
+    await asyncio.sleep(0.2)
+    assert made <= frames.WINDOW + 11
+    calls.on_frame((frames.GONE, 5))  # the client goes: the handler ends
+    await calls.end_all()
+    sending.cancel()
+
+
+@pytest.mark.timeout(120)
+async def test_a_relayed_stream_longer_than_the_window_delivers_every_message(
+    tmp_path: Path,
+) -> None:
+    async with relayed(tmp_path) as r:
+        await enrol(r.api, *(f"e{i}" for i in range(frames.WINDOW + 16)))
+        request = fleet_pb2.WatchEventsRequest(after_seq=0, follow=False)
+        direct = [e.seq async for e in fleet_pb2_grpc.FleetServiceStub(r.api).WatchEvents(request)]
+        via = fleet_pb2_grpc.FleetServiceStub(r.agents).WatchEvents(request, timeout=30)
+        relayed_seqs = [e.seq async for e in via]
+        assert len(direct) > 2 * frames.WINDOW
+        assert relayed_seqs[: len(direct)] == direct

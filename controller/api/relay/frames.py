@@ -18,7 +18,11 @@ Worker to controller:
 * ``(MESSAGES, [(call, raw), ...])`` the calls' messages, as received, in order;
 * ``(HALF_CLOSE, call)`` the client has sent its last message;
 * ``(GONE, call)`` the call ended on the client's side (cancelled,
-  disconnected) before the controller ended it.
+  disconnected) before the controller ended it;
+* ``(SENT, call, count)`` the worker has handed ``count`` more of the
+  controller's messages for the call to gRPC: the controller sends at most
+  ``WINDOW`` a call beyond those (flow control, as gRPC's own would hold
+  a server stream whose client reads slowly).
 
 Controller to worker:
 
@@ -42,6 +46,9 @@ HALF_CLOSE = 4
 GONE = 5
 OUT = 6
 END = 7
+SENT = 8
+
+WINDOW = 64  # a call's messages the controller sends ahead of the worker's SENT
 
 MAX_FRAME = 256 * 1024 * 1024  # a batch of messages, each at most the receive limit
 _LENGTH = struct.Struct(">I")

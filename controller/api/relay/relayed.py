@@ -101,11 +101,13 @@ class RelayedContext:
 
 
 class _Call:
-    __slots__ = ("requests", "task")
+    __slots__ = ("credit", "more", "requests", "task")
 
     def __init__(self) -> None:
         self.requests: asyncio.Queue[Any] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
+        self.credit = frames.WINDOW  # messages it may still send before a SENT
+        self.more = asyncio.Event()
 
 
 class RelayedCalls:
@@ -165,6 +167,11 @@ class RelayedCalls:
                 call.requests.put_nowait(_END)
         elif kind == frames.GONE:
             self._gone(frame[1])
+        elif kind == frames.SENT:
+            call = self._calls.get(frame[1])
+            if call is not None:
+                call.credit += frame[2]
+                call.more.set()
 
     def _gone(self, ident: int) -> None:
         call = self._calls.pop(ident, None)
@@ -242,6 +249,10 @@ class RelayedCalls:
             return
         try:
             async for response in responses:
+                while call.credit <= 0:  # the worker's client reads slowly: wait
+                    call.more.clear()
+                    await call.more.wait()
+                call.credit -= 1
                 out(response)
         finally:
             with contextlib.suppress(Exception):

@@ -119,14 +119,19 @@ class Relay(grpc.GenericRpcHandler):
             self._link.send((frames.GONE, ident))
 
     async def _answers(
-        self, call: _Call, context: grpc.aio.ServicerContext
+        self, ident: int, call: _Call, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         """The controller's messages for the call, until it ends it (a
         status other than OK aborts the call with it)."""
+        handed = 0
         while True:
             item = await call.outgoing.get()
             if isinstance(item, bytes):
-                yield item
+                yield item  # returns once gRPC has taken it
+                handed += 1
+                if handed >= frames.WINDOW // 2:
+                    self._link.send((frames.SENT, ident, handed))
+                    handed = 0
                 continue
             code, details = item
             if code != 0:
@@ -134,10 +139,10 @@ class Relay(grpc.GenericRpcHandler):
                 await context.abort(status, details)
             return
 
-    async def _last(self, call: _Call, context: grpc.aio.ServicerContext) -> bytes:
+    async def _last(self, ident: int, call: _Call, context: grpc.aio.ServicerContext) -> bytes:
         """A unary answer: the controller's one message."""
         response = None
-        async for raw in self._answers(call, context):
+        async for raw in self._answers(ident, call, context):
             response = raw
         if response is None:
             await context.abort(grpc.StatusCode.INTERNAL, "the controller sent no answer")
@@ -148,7 +153,7 @@ class Relay(grpc.GenericRpcHandler):
     ) -> bytes:
         ident, call = self._open(method, context, request)
         try:
-            return await self._last(call, context)
+            return await self._last(ident, call, context)
         finally:
             self._close(ident)
 
@@ -157,7 +162,7 @@ class Relay(grpc.GenericRpcHandler):
     ) -> AsyncIterator[bytes]:
         ident, call = self._open(method, context, request)
         try:
-            async for raw in self._answers(call, context):
+            async for raw in self._answers(ident, call, context):
                 yield raw
         finally:
             self._close(ident)
@@ -168,7 +173,7 @@ class Relay(grpc.GenericRpcHandler):
         ident, call = self._open(method, context)
         reader = asyncio.create_task(self._forward(ident, requests))
         try:
-            return await self._last(call, context)
+            return await self._last(ident, call, context)
         finally:
             reader.cancel()
             self._close(ident)
@@ -179,7 +184,7 @@ class Relay(grpc.GenericRpcHandler):
         ident, call = self._open(method, context)
         reader = asyncio.create_task(self._forward(ident, requests))
         try:
-            async for raw in self._answers(call, context):
+            async for raw in self._answers(ident, call, context):
                 yield raw
         finally:
             reader.cancel()
