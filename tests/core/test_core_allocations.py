@@ -16,7 +16,7 @@ from core_fakes import FakeBmc
 
 from controller.core.errors import AlreadyExists, FailedPrecondition, KilnError, NotFound
 from controller.core.fleet import Fleet
-from controller.core.model import AllocationSpec
+from controller.core.model import AllocationInfo, AllocationSpec
 from controller.core.states import AllocationState, NodeState
 
 pytestmark = pytest.mark.timeout(60)
@@ -102,13 +102,19 @@ async def test_a_request_that_can_never_fit_is_refused_and_stores_nothing(
         await f.get_allocation("big")
 
 
+async def one_held_one_waiting(f: Fleet, racks: Racks) -> tuple[AllocationInfo, AllocationInfo]:
+    """A rack of TRAYS, an allocation of 3 nodes and one of 2 that waits for them."""
+    await racks.add(TRAYS, rack="r1")
+    first = await f.create_allocation("a", AllocationSpec(nodes=3))
+    second = await f.create_allocation("b", AllocationSpec(nodes=2))
+    return first, second
+
+
 async def test_a_request_that_cannot_fit_now_waits_and_is_admitted_after_a_release(
     fleet: tuple[Fleet, Racks],
 ) -> None:
     f, racks = fleet
-    await racks.add(TRAYS, rack="r1")
-    first = await f.create_allocation("a", AllocationSpec(nodes=3))
-    second = await f.create_allocation("b", AllocationSpec(nodes=2))
+    first, second = await one_held_one_waiting(f, racks)
     assert second.state == AllocationState.PENDING and "GB200" not in second.reason
     assert second.reason  # why it waits
     await f.release(first.id)
@@ -289,9 +295,7 @@ async def test_a_release_does_not_wait_for_the_scheduling_pass_it_asks_for(
     fleet: tuple[Fleet, Racks],
 ) -> None:
     f, racks = fleet
-    await racks.add(TRAYS, rack="r1")
-    first = await f.create_allocation("a", AllocationSpec(nodes=3))
-    second = await f.create_allocation("b", AllocationSpec(nodes=2))
+    first, second = await one_held_one_waiting(f, racks)
     assert second.state == AllocationState.PENDING
     asked = f.allocations._asked
     async with f.allocations._lock:  # a scheduling pass is running

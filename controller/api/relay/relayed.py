@@ -243,10 +243,8 @@ class RelayedCalls:
             out(await unary(request, context))
             return
         streaming = handler.stream_stream if handler.request_streaming else handler.unary_stream
+        # An async generator: the request limits serve every stream as one.
         responses = streaming(request, context)
-        if not hasattr(responses, "__aiter__"):  # a coroutine that wrote nothing, or aborted
-            await responses
-            return
         try:
             async for response in responses:
                 while call.credit <= 0:  # the worker's client reads slowly: wait

@@ -57,17 +57,13 @@ class Relay(grpc.GenericRpcHandler):
         self._certificates = certificates  # the port asks for client certificates
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._handlers = {
+            method: self._handler(method, shape) for method, shape in FORWARDED.items()
+        }
 
     def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler | None:
-        method: str = handler_call_details.method
-        handler = self._handlers.get(method)
-        if handler is None:
-            shape = FORWARDED.get(method)
-            if shape is None:
-                return None  # UNIMPLEMENTED: the workers serve Kiln's services only
-            handler = self._handlers[method] = self._handler(method, shape)
-        return handler
+        # None: UNIMPLEMENTED, the workers serve Kiln's services only.
+        return self._handlers.get(handler_call_details.method)
 
     def _handler(self, method: str, shape: Shape) -> grpc.RpcMethodHandler:
         if shape.request_streaming and shape.response_streaming:
