@@ -1,9 +1,8 @@
 """The frames between the controller and its relay workers.
 
-A frame is a 4-byte big-endian length and a ``marshal``-encoded tuple of
-plain values (ints, strings, bytes, tuples, lists, dicts): no objects, no
-code. The socket pair is created by the controller and inherited by the
-worker alone, so nothing else can write to it.
+The frames and the socket pair are ``controller.link``'s: a tagged tuple
+of plain values each, over a socket pair the controller creates and the
+worker alone inherits.
 
 Worker to controller:
 
@@ -34,9 +33,11 @@ Controller to worker:
 from __future__ import annotations
 
 import asyncio
-import marshal
-import struct
 from typing import Any
+
+from controller.link import MAX_FRAME, FrameError, encode, read_frame
+
+__all__ = ["MAX_FRAME", "FrameError", "FrameWriter", "encode", "read_frame"]
 
 READY = 0
 FAILED = 1
@@ -49,43 +50,6 @@ END = 7
 SENT = 8
 
 WINDOW = 64  # a call's messages the controller sends ahead of the worker's SENT
-
-MAX_FRAME = 256 * 1024 * 1024  # a batch of messages, each at most the receive limit
-_LENGTH = struct.Struct(">I")
-
-
-class FrameError(Exception):
-    """The other side sent something that is not a frame."""
-
-
-def encode(frame: tuple[Any, ...]) -> bytes:
-    body = marshal.dumps(frame)
-    return _LENGTH.pack(len(body)) + body
-
-
-async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
-    """The next frame; None at the end of the stream."""
-    try:
-        head = await reader.readexactly(_LENGTH.size)
-    except asyncio.IncompleteReadError as e:
-        if e.partial:
-            raise FrameError("the link ended inside a frame's length") from None
-        return None
-    (length,) = _LENGTH.unpack(head)
-    if length > MAX_FRAME:
-        raise FrameError(f"a frame of {length} bytes is over the limit")
-    try:
-        body = await reader.readexactly(length)
-    except asyncio.IncompleteReadError:
-        raise FrameError("the link ended inside a frame") from None
-    try:
-        frame = marshal.loads(body)
-    except (EOFError, ValueError, TypeError) as e:
-        raise FrameError("a frame does not decode") from e
-    if not isinstance(frame, tuple) or not frame or not isinstance(frame[0], int):
-        raise FrameError("a frame is not a tagged tuple")
-    return frame
-
 
 BATCH_BYTES = 8 * 1024 * 1024  # a MESSAGES frame's messages, at most (one may be larger)
 HIGH_WATER = 4096  # messages queued for the link before ``room`` waits

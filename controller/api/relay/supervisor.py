@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import socket
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +20,7 @@ from controller.api.relay import frames
 from controller.api.relay.frames import FrameWriter
 from controller.api.relay.relayed import HandlerFor, RelayedCalls
 from controller.core.errors import InvalidArgument
+from controller.link import end_child, start_child
 
 log = logging.getLogger(__name__)
 
@@ -134,21 +132,13 @@ class AgentRelays:
             pause = min(pause * 2, RESTART_PAUSE_MAX_S)
 
     async def _run_one(self, slot: int, ready: asyncio.Future[None]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        args = [sys.executable, "-m", "controller.api.relay.worker"]
-        args += ["--listen", self.listen, "--link-fd", str(theirs.fileno())]
+        args = ["--listen", self.listen]
         flags = ("--tls-cert", "--tls-key", "--tls-client-ca")
         for flag, path in zip(flags, self._tls_files, strict=True):
             if path is not None:
                 args += [flag, str(path)]
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *args, pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL
-            )
-        finally:
-            theirs.close()
+        process, reader, writer = await start_child("controller.api.relay.worker", args)
         self._processes[slot] = process
-        reader, writer = await asyncio.open_unix_connection(sock=ours)
         link = FrameWriter(writer)
         sending = asyncio.create_task(link.run())
         calls = self._calls[slot] = RelayedCalls(link, self._handler_for)
@@ -171,19 +161,5 @@ class AgentRelays:
             del self._calls[slot]
             sending.cancel()
             writer.close()
-            await _end(process)
+            await end_child(process)
             self._processes.pop(slot, None)
-
-
-async def _end(process: asyncio.subprocess.Process) -> None:
-    """Stop a worker: its link is closed, so it is on its way out; SIGTERM,
-    then SIGKILL after 5 s."""
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 5.0)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()

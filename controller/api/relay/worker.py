@@ -21,7 +21,6 @@ import contextlib
 import itertools
 import logging
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from functools import partial
@@ -34,6 +33,7 @@ from controller.api.limits import MAX_RECEIVE_BYTES
 from controller.api.relay import frames
 from controller.api.relay.frames import FrameWriter
 from controller.api.relay.methods import FORWARDED, Shape
+from controller.link import open_link
 
 log = logging.getLogger("kiln.relay")
 
@@ -196,8 +196,7 @@ class Relay(grpc.GenericRpcHandler):
 
 
 async def serve(args: argparse.Namespace) -> int:
-    sock = socket.socket(fileno=args.link_fd)
-    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    reader, writer = await open_link(args.link_fd)
     link = FrameWriter(writer)
     sending = asyncio.create_task(link.run())
     tls = None

@@ -1,0 +1,104 @@
+"""A link to a child process: a socket pair carrying length-prefixed frames.
+
+The controller's helper processes (the agent relay workers,
+``controller/api/relay/``; the BMC readers, ``controller/bmc/reader/``) each
+get one end of a socket pair the controller creates, so nothing else can
+write to it. A frame is a 4-byte big-endian length and a ``marshal``-encoded
+tuple of plain values (ints, floats, strings, bytes, tuples, lists, dicts),
+tagged by an int: no objects, no code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import marshal
+import signal
+import socket
+import struct
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+MAX_FRAME = 256 * 1024 * 1024
+_LENGTH = struct.Struct(">I")
+END_GRACE_S = 5.0  # a child asked to stop gets this long before SIGKILL
+
+
+class FrameError(Exception):
+    """The other side sent something that is not a frame."""
+
+
+def encode(frame: tuple[Any, ...]) -> bytes:
+    body = marshal.dumps(frame)
+    return _LENGTH.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
+    """The next frame; None at the end of the stream."""
+    try:
+        head = await reader.readexactly(_LENGTH.size)
+    except asyncio.IncompleteReadError as e:
+        if e.partial:
+            raise FrameError("the link ended inside a frame's length") from None
+        return None
+    (length,) = _LENGTH.unpack(head)
+    if length > MAX_FRAME:
+        raise FrameError(f"a frame of {length} bytes is over the limit")
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise FrameError("the link ended inside a frame") from None
+    try:
+        frame = marshal.loads(body)
+    except (EOFError, ValueError, TypeError) as e:
+        raise FrameError("a frame does not decode") from e
+    if not isinstance(frame, tuple) or not frame or not isinstance(frame[0], int):
+        raise FrameError("a frame is not a tagged tuple")
+    return frame
+
+
+async def start_child(
+    module: str, args: Sequence[str]
+) -> tuple[asyncio.subprocess.Process, asyncio.StreamReader, asyncio.StreamWriter]:
+    """Start ``python -m module --link-fd FD *args`` with the other end of a
+    new socket pair; returns the process and this end as a stream pair."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            module,
+            "--link-fd",
+            str(theirs.fileno()),
+            *args,
+            pass_fds=(theirs.fileno(),),
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    reader, writer = await asyncio.open_unix_connection(sock=ours)
+    return process, reader, writer
+
+
+async def end_child(process: asyncio.subprocess.Process) -> None:
+    """Stop a child whose link is closed (so it is on its way out already):
+    SIGTERM, then SIGKILL after ``END_GRACE_S``."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), END_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+
+
+async def open_link(fd: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The child's end of its link, from the inherited descriptor."""
+    sock = socket.socket(fileno=fd)
+    return await asyncio.open_unix_connection(sock=sock)
