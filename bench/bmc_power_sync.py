@@ -10,7 +10,8 @@ the BMC worker threads, 256 by default, 256 BMCs at once) and writes back
 only the nodes whose power or BMC health changed. Each pass ends with the
 controller's own log line ``power sync: N BMCs in X.Xs, W changed, D not as
 expected``, which is what is parsed: wall time and rows written per pass.
-Controller CPU is ``utime + stime`` of ``/proc/PID/stat`` (every thread),
+Controller CPU is ``utime + stime`` of ``/proc/PID/stat`` (every thread;
+with ``--bmc-readers N`` its reader processes' too, and its own share apart),
 within each pass (from its start, ``--interval`` after the previous line, to
 its line) and between passes, and as cores over the measured window; RSS and
 peak RSS from ``/proc/PID/status``.
@@ -290,7 +291,8 @@ class Pass:
     written: int
     drifted: int
     seen_at: float  # monotonic, when the bench read the line
-    cpu_at: float  # controller CPU then
+    cpu_at: float  # controller CPU then (its BMC readers' included)
+    own_at: float  # the controller process's own CPU then
 
 
 class PassWatcher:
@@ -317,6 +319,7 @@ class PassWatcher:
                         int(m[4]),
                         time.monotonic(),
                         self.ctl.cpu(),
+                        self.ctl.own_cpu(),
                     )
             if not self.ctl.alive():
                 raise RuntimeError(f"kiln-controller exited; see {self.ctl.log_path}")
@@ -498,6 +501,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
             [
                 "--power-sync-interval", str(interval),
                 "--max-requests-per-second-per-client", "1000000",
+                *reader_flags(args),
             ],
         )  # fmt: skip
         ctl.start()
@@ -591,7 +595,7 @@ async def measure(
     for k in range(args.passes):
         # The pass starts ``interval`` s after the last one's line: sample CPU then.
         await asyncio.sleep(max(0.0, last.seen_at + interval - 0.3 - time.monotonic()))
-        start_cpu, start_t = ctl.cpu(), time.monotonic()
+        start_cpu, start_own, start_t = ctl.cpu(), ctl.own_cpu(), time.monotonic()
         idle_cpu += start_cpu - last.cpu_at
         idle_wall += start_t - last.seen_at
         p = await watcher.next(interval + 20 * n / POWER_SYNC_CONCURRENCY * args.latency + 120)
@@ -606,8 +610,14 @@ async def measure(
             f"({flips} systems flipped before it: "
             f"{'as many' if p.written == flips else 'NOT as many'}), {p.drifted} not as expected; "
             f"controller CPU {out.pass_cpu[-1]:.1f}s in the pass "
-            f"({out.pass_cpu[-1] / max(p.wall, 1e-9):.2f} cores), "
-            f"{out.responder_requests[-1]} requests answered"
+            f"({out.pass_cpu[-1] / max(p.wall, 1e-9):.2f} cores"
+            + (
+                f"; the controller's own process {p.own_at - start_own:.1f}s, the rest its "
+                f"{args.bmc_readers} BMC readers"
+                if args.bmc_readers > 0
+                else ""
+            )
+            + f"), {out.responder_requests[-1]} requests answered"
         )
         last = p
         flips = 0
@@ -625,12 +635,16 @@ async def measure(
     return out
 
 
+def reader_flags(args: argparse.Namespace) -> list[str]:
+    return ["--bmc-readers", str(args.bmc_readers)] if args.bmc_readers > 0 else []
+
+
 async def cold_pass(args: argparse.Namespace, workdir: Path, timeout: float) -> Pass:
     """Restart the controller on the same database; its first pass meets every BMC anew."""
     cold = Controller(
         workdir / "state",
         workdir / "controller-cold.log",
-        ["--power-sync-interval", str(args.interval)],
+        ["--power-sync-interval", str(args.interval), *reader_flags(args)],
     )
     cold.start()
     try:
@@ -694,6 +708,13 @@ def main() -> int:
     )
     parser.add_argument("--flip", type=float, default=0.01, help="share of systems flipped")
     parser.add_argument("--responders", type=int, default=1)
+    parser.add_argument(
+        "--bmc-readers",
+        type=int,
+        default=0,
+        help="the controller's --bmc-readers: its power sync reads in N child processes "
+        "(their CPU is counted in the controller's)",
+    )
     parser.add_argument("--enrol-concurrency", type=int, default=64)
     parser.add_argument(
         "--api-nodes",

@@ -66,6 +66,9 @@ its workers, and the report window also prints the controller process's
 own share. With ``--api-via-relays`` too, the benchmark's ``FleetService``
 calls (enrolment, GetNode, ListNodes, the allocation windows) go to the
 workers' port as well, which forwards them to the controller.
+``--bmc-readers N`` starts it with N BMC reader processes doing the power
+sync's and the leak watcher's BMC reads; they are counted in the
+controller's CPU and RSS the same way.
 
 Everything shares the machine's cores (on a 2-core machine the generators
 take a large share); the generators' CPU is printed beside the controller's.
@@ -304,6 +307,8 @@ def start_controller(
         # (the intake checks) are not what this measures.
         "--checks", args.checks,
     ]  # fmt: skip
+    if args.bmc_readers > 0:
+        cmd += ["--bmc-readers", str(args.bmc_readers)]
     if args.agent_relays > 0:
         cmd += ["--agent-listen", f"127.0.0.1:{agent_port}"]
         cmd += ["--agent-relays", str(args.agent_relays)]
@@ -311,6 +316,16 @@ def start_controller(
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     _children.append(proc)
     return proc, log_path
+
+
+def helpers(args: argparse.Namespace) -> str:
+    """The controller's helper processes, counted in its CPU and RSS."""
+    named = []
+    if args.agent_relays > 0:
+        named.append(f"{args.agent_relays} relay workers")
+    if args.bmc_readers > 0:
+        named.append(f"{args.bmc_readers} BMC readers")
+    return " and ".join(named)
 
 
 async def wait_serving(channel: grpc.aio.Channel, proc: subprocess.Popen[bytes]) -> None:
@@ -958,10 +973,10 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 f"open and nothing sent), {res.us_per_report:.0f} us/report "
                 f"({us(res.us_net)} without idle), RSS {rss:.0f} MB"
                 + (
-                    f" (with {args.agent_relays} relay workers; the controller's own process "
+                    f" (with {helpers(args)}; the controller's own process "
                     f"{(main1 - main0) / window:.2f} cores, "
                     f"{(main1 - main0) / max(1, processed) * 1e6:.0f} us/report)"
-                    if args.agent_relays > 0
+                    if args.agent_relays > 0 or args.bmc_readers > 0
                     else ""
                 )
                 + "; generators "
@@ -1198,7 +1213,9 @@ async def amain(args: argparse.Namespace) -> int:
             if k > 1
             else ""
         )
-        + f"; {args.generators} generator processes; power sync every "
+        + f"; {args.generators} generator processes"
+        + (f"; {args.bmc_readers} BMC reader processes" if args.bmc_readers > 0 else "")
+        + "; power sync every "
         f"{args.power_sync_interval:g} s; intake checks {args.checks}; ListNodes paging "
         + ("on" if PAGING and _NEXT else "absent (plain ListNodes)")
     )
@@ -1295,6 +1312,13 @@ def main() -> int:
         action="store_true",
         help="with --agent-relays: the benchmark's FleetService calls (enrolment, GetNode, "
         "ListNodes, the allocation windows) go to the relay workers' port too",
+    )
+    parser.add_argument(
+        "--bmc-readers",
+        type=int,
+        default=0,
+        help="the controller's --bmc-readers: processes do the power sync's and the leak "
+        "watcher's BMC reads (default 0: the controller's process does them)",
     )
     parser.add_argument("--bmc", choices=["responder", "dead"], default="responder")
     parser.add_argument(

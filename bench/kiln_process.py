@@ -57,6 +57,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 
 
+def with_children(pid: int) -> list[int]:
+    """``pid`` and its child processes (a controller's relay workers and BMC readers)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    return [pid, *(int(c) for c in children)]
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its children now (a child that has exited
+    drops out: read before and after the same window)."""
+    total = 0.0
+    for each in with_children(pid):
+        try:
+            total += cpu_seconds(each)
+        except OSError:
+            pass  # it exited between the listing and the read
+    return total
+
+
 def memory_mib(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) of process ``pid`` in MiB."""
     values = {"VmRSS": 0.0, "VmHWM": 0.0}
@@ -142,6 +163,11 @@ class Controller:
                 time.sleep(0.02)
 
     def cpu(self) -> float:
+        """CPU seconds of the controller and its helper processes."""
+        return tree_cpu_seconds(self.pid)
+
+    def own_cpu(self) -> float:
+        """CPU seconds of the controller's own process."""
         return cpu_seconds(self.pid)
 
     def memory(self) -> tuple[float, float]:

@@ -129,10 +129,12 @@ class FleetGauges:
         bmc_threads: Callable[[], Mapping[str, int]] | None = None,
         outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
         relays: Callable[[], Mapping[str, int]] | None = None,
+        bmc_readers: Callable[[], Mapping[str, int]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._fleet = fleet
         self._relays = relays
+        self._bmc_readers = bmc_readers
         self._breakers = breakers
         self._bmc_threads = bmc_threads
         self._outbox = outbox
@@ -198,6 +200,22 @@ class FleetGauges:
         self.write_behind = Gauge(
             "kiln_health_write_behind_pending",
             "Health samples held in memory and not yet written to the database.",
+            registry=registry,
+        )
+        self.bmc_readers = Gauge(
+            "kiln_bmc_readers",
+            "BMC reader processes up (--bmc-readers): they do the power sync's, the leak "
+            "watcher's and the thermal poll's BMC reads.",
+            registry=registry,
+        )
+        self.bmc_reader_calls = Gauge(
+            "kiln_bmc_reader_calls_in_flight",
+            "Reads sent to the BMC reader processes and not yet answered.",
+            registry=registry,
+        )
+        self.bmc_reader_restarts = Gauge(
+            "kiln_bmc_reader_restarts",
+            "BMC reader processes started again since the controller started (one ended).",
             registry=registry,
         )
         self.relay_workers = Gauge(
@@ -269,6 +287,10 @@ class FleetGauges:
         self.relay_calls.set(relays.get("calls", 0))
         self.relay_restarts.set(relays.get("restarts", 0))
         self.relay_backlog.set(relays.get("backlog", 0))
+        readers = self._bmc_readers() if self._bmc_readers is not None else {}
+        self.bmc_readers.set(readers.get("readers", 0))
+        self.bmc_reader_calls.set(readers.get("in_flight", 0))
+        self.bmc_reader_restarts.set(readers.get("restarts", 0))
 
 
 class ControllerMetrics:
@@ -287,6 +309,7 @@ class ControllerMetrics:
         bmc_threads: Callable[[], Mapping[str, int]] | None = None,
         outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
         relays: Callable[[], Mapping[str, int]] | None = None,
+        bmc_readers: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.gauges = FleetGauges(
             self.registry,
@@ -295,6 +318,7 @@ class ControllerMetrics:
             bmc_threads=bmc_threads,
             outbox=outbox,
             relays=relays,
+            bmc_readers=bmc_readers,
         )
 
     async def exposition(self) -> bytes:

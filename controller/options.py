@@ -229,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
         "allows at this rate is read over a longer pass (default %(default)g)",
     )
     p.add_argument(
+        "--bmc-readers",
+        type=int,
+        default=0,
+        help="processes doing the periodic BMC reads (power sync, leak detectors, BMC "
+        "thermal poll), each with its own BMC pool (default 0: the controller's own process "
+        "reads): at fleet size, those reads then take another core's time, not the "
+        "controller's",
+    )
+    p.add_argument(
         "--leak-interval",
         type=seconds,
         default=5.0,
@@ -474,6 +483,8 @@ def parse(argv: list[str] | None = None) -> Options:
     _check_key_format(key_file)
     if args.bootstrap_token_file is not None:
         _check_writable_file("--bootstrap-token-file", args.bootstrap_token_file)
+    if args.bmc_readers < 0:
+        raise OptionError.value("--bmc-readers", args.bmc_readers, "cannot be negative")
     if args.agent_relays < 0:
         raise OptionError.value("--agent-relays", args.agent_relays, "cannot be negative")
     if (args.agent_relays > 0) != (args.agent_listen is not None):
@@ -492,6 +503,7 @@ def parse(argv: list[str] | None = None) -> Options:
         listen=args.listen,
         agent_listen=args.agent_listen,
         agent_relays=args.agent_relays,
+        bmc_readers=args.bmc_readers,
         db_url=args.db,
         state_dir=args.state_dir,
         profiles_dir=args.profiles,

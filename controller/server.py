@@ -50,6 +50,8 @@ from controller.api.relay.supervisor import AgentRelays
 from controller.bmc.gateway import PoolGateway
 from controller.bmc.image_check import HttpImageVerifier
 from controller.bmc.pool import BmcPool
+from controller.bmc.reader.gateway import ReaderGateway
+from controller.bmc.reader.readers import BmcReaders
 from controller.checks import Suite
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
@@ -200,6 +202,8 @@ class ControllerConfig:
     # (controller/api/relay/); 0: by this process, on listen only.
     agent_listen: str | None = None
     agent_relays: int = 0
+    # Processes doing the periodic BMC reads (controller/bmc/reader/); 0: this one.
+    bmc_readers: int = 0
     db_url: str | None = None  # None: SQLite in state_dir
     state_dir: Path | None = None  # None: a temporary directory
     profiles_dir: Path | None = None
@@ -279,6 +283,7 @@ class ControllerServer:
         self._publisher_task: asyncio.Task[None] | None = None
         self._limits: RequestLimits | None = None
         self.relays: AgentRelays | None = None
+        self.bmc_readers: BmcReaders | None = None
         self.gc_pauses = GcPauses(self.metrics.meter.gc_pause)
 
     @property
@@ -376,10 +381,20 @@ class ControllerServer:
             power_timeout=cfg.bmc_power_timeout,
         )
         self._bmc = bmc
+        fleet_bmc: BmcGateway = bmc
+        if cfg.bmc_readers > 0:
+            self.bmc_readers = BmcReaders(
+                cfg.bmc_readers,
+                workers=cfg.bmc_workers,
+                call_timeout=cfg.bmc_call_timeout,
+                verbose=log.isEnabledFor(logging.DEBUG),
+            )
+            self.bmc_readers.start()  # until they are up, the reads are done here
+            fleet_bmc = ReaderGateway(bmc, self.bmc_readers)
         rules = cfg.rules or (load_rules_file(cfg.rules_file) if cfg.rules_file else None)
         self.fleet = Fleet(
             self.store,
-            bmc,
+            fleet_bmc,
             profiles=profiles,
             queues=cfg.queues,
             reconcile_interval=cfg.reconcile_interval,
@@ -581,6 +596,7 @@ class ControllerServer:
             bmc_threads=self._bmc.threads_allowed if isinstance(self._bmc, PoolGateway) else None,
             outbox=StoreOutbox(self.store).backlog if self.publisher is not None else None,
             relays=lambda: self.relays.figures() if self.relays is not None else {},
+            bmc_readers=lambda: self.bmc_readers.figures() if self.bmc_readers else {},
         )
         self.http = HttpServer(self.metrics, Dashboard(self.fleet, auth=self.auth_enabled))
         try:
@@ -624,6 +640,9 @@ class ControllerServer:
             self._publisher_task = None
         if self.fleet is not None:
             await _bounded("the fleet's loops", self.fleet.stop())
+        if self.bmc_readers is not None:
+            await _bounded("the BMC readers", self.bmc_readers.stop())
+            self.bmc_readers = None
         if self._bmc is not None:
             await _bounded("the BMC pool", self._bmc.close())
         if self.store is not None:

@@ -49,6 +49,9 @@ FAMILIES = (
     "kiln_agent_relay_calls",
     "kiln_agent_relay_restarts",
     "kiln_agent_relay_backlog",
+    "kiln_bmc_readers",
+    "kiln_bmc_reader_calls_in_flight",
+    "kiln_bmc_reader_restarts",
     "kiln_gc_pause_seconds",
 )
 

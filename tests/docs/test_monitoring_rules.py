@@ -51,6 +51,9 @@ CONTROLLER_METRICS = CONTROLLER_HISTOGRAMS | {
     "kiln_agent_relay_calls",
     "kiln_agent_relay_restarts",
     "kiln_agent_relay_backlog",
+    "kiln_bmc_readers",
+    "kiln_bmc_reader_calls_in_flight",
+    "kiln_bmc_reader_restarts",
     "kiln_gc_pause_seconds",
 }
 # The agents' metrics (dcgm-exporter names, on --metrics-port).

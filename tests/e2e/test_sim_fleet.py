@@ -4,9 +4,11 @@ BMCs, agents on the NVML fake; enrolment to gang allocation and back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -40,11 +42,17 @@ class Harness:
         return await wait_allocation(self.stub, ident, state, timeout)
 
 
-@pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+@contextlib.asynccontextmanager
+async def open_harness(tmp_path: Path, **config: Any) -> AsyncIterator[Harness]:
+    """A controller (``config`` on top of the tests' intervals) and the
+    simulated fleet, every node enrolled."""
     server = ControllerServer(
         ControllerConfig(
-            listen="127.0.0.1:0", state_dir=tmp_path, reconcile_interval=0.2, sample_interval=0.5
+            listen="127.0.0.1:0",
+            state_dir=tmp_path,
+            reconcile_interval=0.2,
+            sample_interval=0.5,
+            **config,
         )
     )
     address = await server.start()
@@ -69,6 +77,12 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     finally:
         await fleet.stop()
         await server.stop()
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with open_harness(tmp_path) as opened:
+        yield opened
 
 
 async def test_enrolled_nodes_are_powered_on_inspected_and_become_ready(
@@ -247,6 +261,35 @@ async def test_power_sync_notices_a_node_powered_off_outside_kiln(harness: Harne
     assert await harness.server.fleet.power_sync.run_once() == [victim], "still drifted"
     again = harness.stub.WatchEvents(fleet_pb2.WatchEventsRequest(allocation=alloc.id))
     assert [e.kind async for e in again].count("node.drift") == 1, "told once, not every pass"
+
+
+@pytest.mark.timeout(180)
+async def test_with_bmc_readers_the_power_sync_and_leak_reads_go_to_them(tmp_path: Path) -> None:
+    """``--bmc-readers 1``: the fleet comes up as without (power-on and
+    inspection by the controller's own pool), a node powered off behind
+    Kiln's back is noticed by a power sync pass read in the reader, and the
+    leak watcher reads every node there too."""
+    async with open_harness(tmp_path, bmc_readers=1) as harness:
+        server = harness.server
+        assert server.fleet is not None and server.bmc_readers is not None
+        assert await server.bmc_readers.wait_ready(30.0)
+        nodes = await harness.wait_all_ready()
+        alloc = await harness.stub.CreateAllocation(
+            fleet_pb2.CreateAllocationRequest(
+                key="job", spec=fleet_pb2.AllocationSpec(nodes=1, gpu_model="H200")
+            )
+        )
+        victim = alloc.nodes[0]
+        await asyncio.to_thread(force_off_behind_kilns_back, harness.fleet, victim)
+        sent = server.bmc_readers.calls
+        assert await server.fleet.power_sync.run_once() == [victim]
+        assert server.bmc_readers.calls == sent + 1, "the pass was read by the reader"
+        node = await harness.stub.GetNode(fleet_pb2.GetNodeRequest(name=victim))
+        assert node.power == types_pb2.POWER_STATE_OFF
+        await server.fleet.leaks.run_once()
+        await server.fleet.leaks.settle()
+        assert server.bmc_readers.calls == sent + 1 + len(nodes), "one leak read a node"
+        assert server.bmc_readers.figures() == {"readers": 1, "in_flight": 0, "restarts": 0}
 
 
 async def test_every_event_is_a_documented_kind_and_matches_the_schema(

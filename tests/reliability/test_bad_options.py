@@ -105,6 +105,10 @@ CASES = {
         lambda _: ["--agent-relays", "-1", "--agent-listen", "127.0.0.1:7000"],
         "--agent-relays",
     ),
+    "bmc-readers-negative": Case(
+        lambda _: ["--bmc-readers", "-1"], "--bmc-readers: cannot be negative"
+    ),
+    "bmc-readers-text": Case(lambda _: ["--bmc-readers", "two"], "--bmc-readers"),
     "agent-listen-port-0": Case(
         lambda _: ["--agent-relays", "1", "--agent-listen", "127.0.0.1:0"],
         "--agent-listen 127.0.0.1:0: needs a fixed port",

@@ -1,0 +1,128 @@
+"""The ``BmcGateway`` that sends the periodic reads to the BMC readers.
+
+``poll_power`` (the power sync), ``leak_detectors`` (the leak watcher) and
+``thermal_c`` (the BMC thermal poll) go to the reader of each node
+(``readers.py``); everything else, power changes and the rest, goes to the
+controller's own gateway, ``inner``. A node whose reader is not up is read
+by ``inner``, as without readers; so is the rest of a power pass whose
+reader ended in the middle of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from controller.bmc.reader.readers import BmcReaders
+from controller.core.errors import Unavailable
+from controller.core.model import BmcTarget, LeakReading
+from controller.core.ports import BmcGateway
+
+log = logging.getLogger(__name__)
+
+
+class ReaderGateway:
+    """Implements ``controller.core.ports.BmcGateway``: reads by ``readers``,
+    the rest by ``inner``."""
+
+    def __init__(self, inner: BmcGateway, readers: BmcReaders) -> None:
+        self._inner = inner
+        self._readers = readers
+
+    @property
+    def readers(self) -> BmcReaders:
+        return self._readers
+
+    # -- the reads the readers do --------------------------------------------------
+
+    async def poll_power(
+        self, targets: list[BmcTarget], concurrency: int, *, spread: float = 0.0
+    ) -> dict[str, tuple[str | None, str]]:
+        shards: dict[int, list[BmcTarget]] = {}
+        for target in targets:
+            shards.setdefault(self._readers.slot(target.node), []).append(target)
+        share = max(1, concurrency // max(1, len(shards)))
+        polled: dict[str, tuple[str | None, str]] = {}
+        for part in await asyncio.gather(
+            *(self._poll_shard(shard, share, spread) for shard in shards.values())
+        ):
+            polled.update(part)
+        return polled
+
+    async def _poll_shard(
+        self, targets: list[BmcTarget], concurrency: int, spread: float
+    ) -> dict[str, tuple[str | None, str]]:
+        link = self._readers.link_for(targets[0].node)
+        if link is not None:
+            try:
+                return await self._readers.poll_power(link, targets, concurrency, spread)
+            except Unavailable as e:
+                log.warning("power sync: %s; its %d BMCs are read here", e, len(targets))
+        return await self._inner.poll_power(targets, concurrency, spread=spread)
+
+    async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
+        link = self._readers.link_for(target.node)
+        if link is None:
+            return await self._inner.leak_detectors(target)
+        return await self._readers.leak_detectors(link, target)
+
+    async def thermal_c(self, target: BmcTarget) -> list[float]:
+        link = self._readers.link_for(target.node)
+        if link is None:
+            return await self._inner.thermal_c(target)
+        return await self._readers.thermal_c(link, target)
+
+    def forget(self, node: str) -> None:
+        self._inner.forget(node)
+        self._readers.forget(node)
+
+    async def close(self) -> None:
+        await self._readers.stop()
+        await self._inner.close()
+
+    # -- everything else: the controller's own pool -------------------------------
+
+    def canonical_url(self, url: str) -> str:
+        return self._inner.canonical_url(url)
+
+    def validate_target(self, url: str, username: str, password: str) -> str:
+        return self._inner.validate_target(url, username, password)
+
+    async def power_state(self, target: BmcTarget) -> str:
+        return await self._inner.power_state(target)
+
+    async def set_power(self, target: BmcTarget, action: str) -> str:
+        return await self._inner.set_power(target, action)
+
+    def health(self, node: str) -> str:
+        return self._inner.health(node)
+
+    async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
+        return await self._inner.firmware_versions(target)
+
+    async def firmware_update(self, target: BmcTarget, image_url: str, component: str) -> None:
+        await self._inner.firmware_update(target, image_url, component)
+
+    async def bios_attributes(self, target: BmcTarget) -> dict[str, object]:
+        return await self._inner.bios_attributes(target)
+
+    async def bios_set(self, target: BmcTarget, attributes: dict[str, object]) -> None:
+        await self._inner.bios_set(target, attributes)
+
+    def boot_media(self, url: str) -> str:
+        return self._inner.boot_media(url)
+
+    async def insert_media(self, target: BmcTarget, image_url: str) -> None:
+        await self._inner.insert_media(target, image_url)
+
+    async def media_state(self, target: BmcTarget) -> tuple[bool, str]:
+        return await self._inner.media_state(target)
+
+    async def eject_media(self, target: BmcTarget) -> None:
+        await self._inner.eject_media(target)
+
+    async def boot_once(self, target: BmcTarget, device: str) -> None:
+        await self._inner.boot_once(target, device)
+
+    async def boot_override(self, target: BmcTarget) -> tuple[str, bool]:
+        return await self._inner.boot_override(target)
