@@ -106,7 +106,7 @@ CASES = {
         "--agent-relays",
     ),
     "bmc-readers-negative": Case(
-        lambda _: ["--bmc-readers", "-1"], "--bmc-readers: cannot be negative"
+        lambda _: ["--bmc-readers", "-1"], "--bmc-readers -1: cannot be negative"
     ),
     "bmc-readers-text": Case(lambda _: ["--bmc-readers", "two"], "--bmc-readers"),
     "agent-listen-port-0": Case(
