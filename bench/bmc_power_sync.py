@@ -88,6 +88,7 @@ from kiln_process import (
     raise_fd_limit,
 )
 
+from controller.core.power_sync import pause_before_next
 from controller.sim.ports import free_port
 
 USER, PASSWORD = "bench", "bench-password"
@@ -593,8 +594,10 @@ async def measure(
     requests0, _ = responders.stats()
     flips = 0
     for k in range(args.passes):
-        # The pass starts ``interval`` s after the last one's line: sample CPU then.
-        await asyncio.sleep(max(0.0, last.seen_at + interval - 0.3 - time.monotonic()))
+        # The pass starts ``interval`` s after the last one began, and at least a
+        # quarter of an interval after it ended (``pause_before_next``): sample CPU then.
+        pause = pause_before_next(last.seen_at - last.wall, last.seen_at, interval)
+        await asyncio.sleep(max(0.0, last.seen_at + pause - 0.3 - time.monotonic()))
         start_cpu, start_own, start_t = ctl.cpu(), ctl.own_cpu(), time.monotonic()
         idle_cpu += start_cpu - last.cpu_at
         idle_wall += start_t - last.seen_at
