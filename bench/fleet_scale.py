@@ -140,6 +140,7 @@ from fleet_load import (  # noqa: E402
     responder_main,
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from kiln_process import with_children  # noqa: E402
 
 from controller.sim.ports import free_port  # noqa: E402
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2  # noqa: E402
@@ -264,23 +265,14 @@ def cpu_of(pids: list[int]) -> float:
     return total
 
 
-def controller_pids(pid: int) -> list[int]:
-    """The controller and its child processes (its agent relay workers)."""
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        children = []
-    return [pid, *(int(c) for c in children)]
-
-
 def controller_cpu_s(pid: int) -> float:
     """CPU seconds of the controller and its relay workers together."""
-    return cpu_of(controller_pids(pid))
+    return cpu_of(with_children(pid))
 
 
 def controller_rss_mb(pid: int) -> float:
     total = 0.0
-    for one in controller_pids(pid):
+    for one in with_children(pid):
         with contextlib.suppress(OSError):
             total += pid_rss_mb(one)
     return total

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import marshal
 import signal
 import socket
@@ -23,6 +24,10 @@ from typing import Any
 MAX_FRAME = 256 * 1024 * 1024
 _LENGTH = struct.Struct(">I")
 END_GRACE_S = 5.0  # a child asked to stop gets this long before SIGKILL
+RESTART_PAUSE_S = 1.0
+RESTART_PAUSE_MAX_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 class FrameError(Exception):
@@ -102,3 +107,30 @@ async def open_link(fd: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter
     """The child's end of its link, from the inherited descriptor."""
     sock = socket.socket(fileno=fd)
     return await asyncio.open_unix_connection(sock=sock)
+
+
+class RestartPause:
+    """The pause before a child that ended is started again: 1 s, doubling
+    up to 30 s while it keeps failing, and 1 s again once one has served."""
+
+    def __init__(self, first: float = RESTART_PAUSE_S, most: float = RESTART_PAUSE_MAX_S) -> None:
+        self.first = first
+        self.most = most
+        self.next = first
+
+    def served(self) -> None:
+        self.next = self.first
+
+    async def wait(self, what: str) -> None:
+        """Say that ``what`` ended and wait the pause."""
+        log.warning("%s ended; starting it again in %.0fs", what, self.next)
+        await asyncio.sleep(self.next)
+        self.next = min(self.next * 2, self.most)
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them to end; the list is emptied."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    tasks.clear()

@@ -20,13 +20,11 @@ from controller.api.relay import frames
 from controller.api.relay.frames import FrameWriter
 from controller.api.relay.relayed import HandlerFor, RelayedCalls
 from controller.core.errors import InvalidArgument
-from controller.link import end_child, start_child
+from controller.link import RestartPause, cancel_all, end_child, start_child
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 20.0
-RESTART_PAUSE_S = 1.0
-RESTART_PAUSE_MAX_S = 30.0
 
 
 class RelayStartError(InvalidArgument):
@@ -106,17 +104,14 @@ class AgentRelays:
 
     async def stop(self) -> None:
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await cancel_all(self._tasks)
 
     async def _keep(self, slot: int, ready: asyncio.Future[None]) -> None:
-        pause = RESTART_PAUSE_S
+        pause = RestartPause()
         while not self._stopping:
             try:
                 await self._run_one(slot, ready)
-                pause = RESTART_PAUSE_S  # it served: the next failure starts the pause anew
+                pause.served()
             except RelayStartError as e:
                 if not ready.done():
                     ready.set_exception(e)
@@ -127,9 +122,7 @@ class AgentRelays:
             if self._stopping:
                 return
             self.restarts += 1
-            log.warning("agent relay worker %d ended; starting it again in %.0fs", slot, pause)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RESTART_PAUSE_MAX_S)
+            await pause.wait(f"agent relay worker {slot}")
 
     async def _run_one(self, slot: int, ready: asyncio.Future[None]) -> None:
         args = ["--listen", self.listen]

@@ -15,18 +15,19 @@ import logging
 
 from controller.bmc.reader.readers import BmcReaders
 from controller.core.errors import Unavailable
+from controller.core.gateway_layer import GatewayLayer
 from controller.core.model import BmcTarget, LeakReading
 from controller.core.ports import BmcGateway
 
 log = logging.getLogger(__name__)
 
 
-class ReaderGateway:
+class ReaderGateway(GatewayLayer):
     """Implements ``controller.core.ports.BmcGateway``: reads by ``readers``,
     the rest by ``inner``."""
 
     def __init__(self, inner: BmcGateway, readers: BmcReaders) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._readers = readers
 
     @property
@@ -79,50 +80,3 @@ class ReaderGateway:
     async def close(self) -> None:
         await self._readers.stop()
         await self._inner.close()
-
-    # -- everything else: the controller's own pool -------------------------------
-
-    def canonical_url(self, url: str) -> str:
-        return self._inner.canonical_url(url)
-
-    def validate_target(self, url: str, username: str, password: str) -> str:
-        return self._inner.validate_target(url, username, password)
-
-    async def power_state(self, target: BmcTarget) -> str:
-        return await self._inner.power_state(target)
-
-    async def set_power(self, target: BmcTarget, action: str) -> str:
-        return await self._inner.set_power(target, action)
-
-    def health(self, node: str) -> str:
-        return self._inner.health(node)
-
-    async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
-        return await self._inner.firmware_versions(target)
-
-    async def firmware_update(self, target: BmcTarget, image_url: str, component: str) -> None:
-        await self._inner.firmware_update(target, image_url, component)
-
-    async def bios_attributes(self, target: BmcTarget) -> dict[str, object]:
-        return await self._inner.bios_attributes(target)
-
-    async def bios_set(self, target: BmcTarget, attributes: dict[str, object]) -> None:
-        await self._inner.bios_set(target, attributes)
-
-    def boot_media(self, url: str) -> str:
-        return self._inner.boot_media(url)
-
-    async def insert_media(self, target: BmcTarget, image_url: str) -> None:
-        await self._inner.insert_media(target, image_url)
-
-    async def media_state(self, target: BmcTarget) -> tuple[bool, str]:
-        return await self._inner.media_state(target)
-
-    async def eject_media(self, target: BmcTarget) -> None:
-        await self._inner.eject_media(target)
-
-    async def boot_once(self, target: BmcTarget, device: str) -> None:
-        await self._inner.boot_once(target, device)
-
-    async def boot_override(self, target: BmcTarget) -> tuple[str, bool]:
-        return await self._inner.boot_override(target)

@@ -22,13 +22,19 @@ from typing import Any
 from controller.bmc.reader import wire
 from controller.core.errors import InvalidArgument, Unavailable
 from controller.core.model import BmcTarget, LeakReading
-from controller.link import FrameError, encode, end_child, read_frame, start_child
+from controller.link import (
+    FrameError,
+    RestartPause,
+    cancel_all,
+    encode,
+    end_child,
+    read_frame,
+    start_child,
+)
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 20.0
-RESTART_PAUSE_S = 1.0
-RESTART_PAUSE_MAX_S = 30.0
 MODULE = "controller.bmc.reader.worker"
 
 
@@ -115,10 +121,7 @@ class BmcReaders:
 
     async def stop(self) -> None:
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await cancel_all(self._tasks)
 
     def pids(self) -> list[int]:
         """The readers' process ids, of those running now."""
@@ -133,19 +136,17 @@ class BmcReaders:
         }
 
     async def _keep(self, slot: int) -> None:
-        pause = RESTART_PAUSE_S
+        pause = RestartPause()
         while not self._stopping:
             try:
                 if await self._run_one(slot):
-                    pause = RESTART_PAUSE_S  # it served: the next failure starts the pause anew
+                    pause.served()
             except (OSError, FrameError) as e:
                 log.error("BMC reader %d failed: %s", slot, e)
             if self._stopping:
                 return
             self.restarts += 1
-            log.warning("BMC reader %d ended; starting it again in %.0fs", slot, pause)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RESTART_PAUSE_MAX_S)
+            await pause.wait(f"BMC reader {slot}")
 
     async def _run_one(self, slot: int) -> bool:
         """Run one reader until it ends; True when it was up (said READY)."""
