@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -26,6 +27,12 @@ from controller.bmc.reader import wire
 from controller.link import FrameError, encode, open_link, read_frame
 
 log = logging.getLogger("kiln.bmc_reader")
+
+# Its reads are background work: on a host whose cores are all busy, the
+# controller's event loop (agents, API calls) goes first. In the controller's
+# own process the BMC threads yield to the loop (``loop_share``); a reader
+# yields to the controller through the kernel's scheduler instead.
+NICENESS = 10
 
 Send = Callable[[tuple[Any, ...]], None]
 
@@ -97,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        # As the controller's lines, saying which process logged them.
+        format="%(asctime)s %(levelname)s %(name)s (BMC reader %(process)d): %(message)s",
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller's Ctrl-C is for it to handle
+    os.nice(NICENESS)
     return asyncio.run(serve(args))
 
 
