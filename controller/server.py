@@ -86,6 +86,12 @@ SERVICES = (
     fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name,
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
 )
+# With BMC readers, the controller's own BMC handles serve only power changes
+# and operators' calls: one not used for this long is closed (its connection,
+# its driver's memory: about 20 KB a node), and made anew when next needed.
+IDLE_BMC_HANDLE_S = 600.0
+IDLE_BMC_SWEEP_S = 60.0
+
 STANDBY = "this controller is a standby; another controller is active on its database"
 
 
@@ -269,6 +275,7 @@ class ControllerServer:
         self.tls: ReloadableTls | None = None
         self._active: ActiveLock | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._idle_sweep: asyncio.Task[None] | None = None
         self.lock_lost = asyncio.Event()
         self.stand_down_reason = ""
         self._trouble = asyncio.Event()  # a database call saw the connection gone
@@ -500,6 +507,10 @@ class ControllerServer:
         assert self._health is not None and self.fleet is not None
         await self.fleet.start()
         self._watchdog = asyncio.create_task(self._watch_lock(), name="kiln-active-lock")
+        if self.bmc_readers is not None and isinstance(self._bmc, PoolGateway):
+            self._idle_sweep = asyncio.create_task(
+                _release_idle(self._bmc), name="kiln-bmc-idle-handles"
+            )
         self._auth.serve(self.fleet)  # before the services: no call is served unchecked
         self._services.serve(self.fleet)
         cfg = self.config
@@ -619,10 +630,11 @@ class ControllerServer:
         if self._health is not None:
             await self._health.enter_graceful_shutdown()  # health says NOT_SERVING
             self._health = None
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            await asyncio.gather(self._watchdog, return_exceptions=True)
-            self._watchdog = None
+        for task in (self._watchdog, self._idle_sweep):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._watchdog = self._idle_sweep = None
         if self.fleet is not None and (self.relays is not None or self._server is not None):
             self.fleet.stopping = True  # the streams end now: no event for each
         if self.relays is not None:
@@ -654,6 +666,19 @@ class ControllerServer:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+async def _release_idle(bmc: PoolGateway) -> None:
+    """Every ``IDLE_BMC_SWEEP_S``: close the handles idle ``IDLE_BMC_HANDLE_S``."""
+    while True:
+        await asyncio.sleep(IDLE_BMC_SWEEP_S)
+        released = bmc.release_idle(IDLE_BMC_HANDLE_S)
+        if released:
+            log.info(
+                "BMC handles: closed %d not used for %.0f minutes (the BMC readers do the reads)",
+                released,
+                IDLE_BMC_HANDLE_S / 60,
+            )
 
 
 STOP_STEP_S = 15.0  # a shutdown step's limit (``ControllerServer.stop``)

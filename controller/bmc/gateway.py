@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from controller.bmc import registry
 from controller.bmc.address import BmcCredentials, TlsOptions, parse_bmc_url
 from controller.bmc.base import PowerAction, PowerState
@@ -65,6 +67,7 @@ class PoolGateway:
         # target again (every pass of every loop) is answered without parsing
         # its URL.
         self._handles: dict[str, tuple[BmcTarget, Bmc]] = {}
+        self._used: dict[str, float] = {}  # node -> when its handle was last asked for
 
     def breaker_states(self) -> dict[str, int]:
         """BMC endpoints' breakers by state (for metrics)."""
@@ -95,6 +98,7 @@ class PoolGateway:
         return address.url
 
     def _bmc(self, target: BmcTarget) -> Bmc:
+        self._used[target.node] = time.monotonic()
         kept = self._handles.get(target.node)
         if kept is not None and kept[0] == target:
             return kept[1]
@@ -211,6 +215,19 @@ class PoolGateway:
 
     def forget(self, node: str) -> None:
         self._handles.pop(node, None)
+        self._used.pop(node, None)
+
+    def release_idle(self, idle_for: float, *, now: float | None = None) -> int:
+        """Close the handles (and their BMC connections) of nodes not asked
+        about for ``idle_for`` seconds; the next call makes them anew, and
+        each BMC's breaker is kept. Returns how many nodes were released."""
+        cutoff = (time.monotonic() if now is None else now) - idle_for
+        idle = [node for node, used in self._used.items() if used < cutoff]
+        for node in idle:
+            del self._used[node]
+            self._handles.pop(node, None)
+        self._pool.release(idle)
+        return len(idle)
 
     async def close(self) -> None:
         """Close the pool: returns within a few seconds whatever the BMCs do."""

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from controller.bmc import registry
-from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
+from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions, parse_bmc_url
 from controller.bmc.handle import Bmc, Driver
 from controller.bmc.resilience import (
     BmcGuard,
@@ -31,6 +31,13 @@ from controller.bmc.workers import WorkerPool, WorkerStats
 from controller.core.meter import Meter
 
 LOG = logging.getLogger(__name__)
+
+
+def _close_quietly(driver: Driver) -> None:
+    try:
+        driver.close()
+    except Exception as e:  # a session already gone: nothing left to close
+        LOG.debug("closing a BMC session failed: %s", e)
 
 
 @dataclass(frozen=True)
@@ -187,6 +194,27 @@ class BmcPool:
             pool = WorkerPool(entry.protocol, size, untrusted_share=self._untrusted_share)
             self._pools[entry.protocol] = pool
         return pool
+
+    def release(self, nodes: Collection[str]) -> int:
+        """Drop the handles of ``nodes`` and close the drivers (their
+        connections) that no other handle uses; the guards, with their
+        breakers, stay. A later ``get`` makes a new handle and driver.
+        Returns how many drivers were closed."""
+        if self._closed or not nodes:
+            return 0
+        wanted = set(nodes)
+        dropped: set[_Key] = set()
+        for node_key in [k for k in self._handles if k[0] in wanted]:
+            del self._handles[node_key]
+            dropped.add(node_key[1])
+        dropped -= {key for _node, key in self._handles}
+        for key in dropped:
+            driver = self._drivers.pop(key, None)
+            if driver is None:
+                continue
+            entry = registry.entry_for(parse_bmc_url(key.url))
+            self._pool_for(entry).submit(_close_quietly, driver)
+        return len(dropped)
 
     def worker_stats(self) -> dict[str, WorkerStats]:
         """Per protocol: threads, running and queued calls (for benchmarks, logs)."""

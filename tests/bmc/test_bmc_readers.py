@@ -15,6 +15,7 @@ import dataclasses
 import os
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -177,4 +178,53 @@ async def test_a_reader_that_dies_fails_its_calls_and_is_started_again(
         assert readers.calls == sent + 1
     finally:
         sock.close()
+        await gateway.close()
+
+
+@pytest.mark.timeout(60)
+async def test_idle_handles_are_closed_and_made_anew_keeping_their_breakers(
+    emulator: RedfishEmulator,
+) -> None:
+    """With readers, the controller's own handles serve only power changes
+    and operators: ones idle long enough are closed (``release_idle``)."""
+    pool = make_pool(call_timeout=2.0, breaker_threshold=1)
+    gateway = PoolGateway(pool)
+    dead = BmcTarget("d1", system_at(free_port()), USER, PASSWORD)
+    try:
+        targets = [target(emulator, n) for n in NODES[:2]]
+        for t in targets:
+            assert await gateway.power_state(t) == "on"
+        with pytest.raises(Unavailable):
+            await gateway.power_state(dead)
+        assert gateway.health("d1") == "unreachable"
+
+        assert gateway.release_idle(3600.0) == 0, "nothing has been idle an hour"
+        later = time.monotonic() + 10.0
+        assert gateway.release_idle(5.0, now=later) == 3
+        assert [gateway.health(t.node) for t in targets] == ["unknown", "unknown"]
+
+        # Made anew on the next call; the dead BMC's breaker was kept: it fails fast.
+        assert await gateway.power_state(targets[0]) == "on"
+        with pytest.raises(Unavailable, match="circuit breaker open"):
+            await gateway.power_state(dead)
+    finally:
+        await gateway.close()
+
+
+@pytest.mark.timeout(60)
+async def test_releasing_closes_only_the_drivers_no_other_handle_uses(
+    emulator: RedfishEmulator,
+) -> None:
+    pool = make_pool(call_timeout=2.0)
+    gateway = PoolGateway(pool)
+    try:
+        shared = target(emulator, NODES[0])
+        alias = dataclasses.replace(shared, node="alias-of-node-0")  # the same BMC and user
+        other = target(emulator, NODES[1])
+        for t in (shared, alias, other):
+            assert await gateway.power_state(t) == "on"
+        assert pool.release([alias.node]) == 0, "its driver still serves node-00000"
+        assert pool.release([shared.node, other.node]) == 2
+        assert pool.release([shared.node]) == 0, "already released"
+    finally:
         await gateway.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -264,11 +265,19 @@ async def test_power_sync_notices_a_node_powered_off_outside_kiln(harness: Harne
 
 
 @pytest.mark.timeout(180)
-async def test_with_bmc_readers_the_power_sync_and_leak_reads_go_to_them(tmp_path: Path) -> None:
+async def test_with_bmc_readers_the_power_sync_and_leak_reads_go_to_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """``--bmc-readers 1``: the fleet comes up as without (power-on and
     inspection by the controller's own pool), a node powered off behind
-    Kiln's back is noticed by a power sync pass read in the reader, and the
-    leak watcher reads every node there too."""
+    Kiln's back is noticed by a power sync pass read in the reader, the
+    leak watcher reads every node there too, and the controller closes its
+    own handles once idle."""
+    import controller.server
+
+    monkeypatch.setattr(controller.server, "IDLE_BMC_SWEEP_S", 0.5)
+    monkeypatch.setattr(controller.server, "IDLE_BMC_HANDLE_S", 2.0)
+    caplog.set_level(logging.INFO, logger="controller.server")
     async with open_harness(tmp_path, bmc_readers=1) as harness:
         server = harness.server
         assert server.fleet is not None and server.bmc_readers is not None
@@ -290,6 +299,15 @@ async def test_with_bmc_readers_the_power_sync_and_leak_reads_go_to_them(tmp_pat
         await server.fleet.leaks.settle()
         assert server.bmc_readers.calls == sent + 1 + len(nodes), "one leak read a node"
         assert server.bmc_readers.figures() == {"readers": 1, "in_flight": 0, "restarts": 0}
+        for _ in range(100):  # ready nodes: the controller's own handles fall idle
+            if "BMC handles: closed" in caplog.text:
+                break
+            await asyncio.sleep(0.1)
+        assert "BMC handles: closed" in caplog.text
+        power = await harness.stub.PowerNode(
+            fleet_pb2.PowerNodeRequest(name=victim, action=types_pb2.POWER_ACTION_ON)
+        )
+        assert power.power == types_pb2.POWER_STATE_ON, "a closed handle is made anew"
 
 
 async def test_every_event_is_a_documented_kind_and_matches_the_schema(
