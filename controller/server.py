@@ -87,8 +87,8 @@ SERVICES = (
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
 )
 # With BMC readers, the controller's own BMC handles serve only power changes
-# and operators' calls: one not used for this long is closed (its connection,
-# its driver's memory: about 20 KB a node), and made anew when next needed.
+# and operators' calls: one not used for this long is closed (its connection
+# to the BMC, its driver's objects), and made anew when next needed.
 IDLE_BMC_HANDLE_S = 600.0
 IDLE_BMC_SWEEP_S = 60.0
 
