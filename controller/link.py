@@ -89,18 +89,19 @@ async def start_child(
     return process, reader, writer
 
 
-async def end_child(process: asyncio.subprocess.Process) -> None:
-    """Stop a child whose link is closed (so it is on its way out already):
-    SIGTERM, then SIGKILL after ``END_GRACE_S``."""
-    if process.returncode is None:
+async def end_child(process: asyncio.subprocess.Process | None, grace: float = END_GRACE_S) -> None:
+    """SIGTERM ``process``, then SIGKILL after ``grace`` seconds. Safe on None
+    and on a process that already exited."""
+    if process is None or process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), grace)
+    except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), END_GRACE_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+            process.kill()
+        await process.wait()
 
 
 async def open_link(fd: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

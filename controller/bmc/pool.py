@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from controller.bmc import registry
-from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions, parse_bmc_url
+from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
 from controller.bmc.handle import Bmc, Driver
 from controller.bmc.resilience import (
     BmcGuard,
@@ -203,18 +203,18 @@ class BmcPool:
         if self._closed or not nodes:
             return 0
         wanted = set(nodes)
-        dropped: set[_Key] = set()
+        dropped: dict[_Key, str] = {}  # a driver no longer handed out -> its protocol
         for node_key in [k for k in self._handles if k[0] in wanted]:
-            del self._handles[node_key]
-            dropped.add(node_key[1])
-        dropped -= {key for _node, key in self._handles}
-        for key in dropped:
+            dropped[node_key[1]] = self._handles.pop(node_key).protocol
+        for _node, key in self._handles:
+            dropped.pop(key, None)  # another node's handle still uses it
+        closed = 0
+        for key, protocol in dropped.items():
             driver = self._drivers.pop(key, None)
-            if driver is None:
-                continue
-            entry = registry.entry_for(parse_bmc_url(key.url))
-            self._pool_for(entry).submit(_close_quietly, driver)
-        return len(dropped)
+            if driver is not None:
+                self._pools[protocol].submit(_close_quietly, driver)
+                closed += 1
+        return closed
 
     def worker_stats(self) -> dict[str, WorkerStats]:
         """Per protocol: threads, running and queued calls (for benchmarks, logs)."""
