@@ -8,6 +8,7 @@ from typing import TypeAlias
 import grpc
 
 from controller.api import convert
+from controller.api.auth.call_audit import current_audit
 from controller.api.auth.identity import current_caller
 from controller.api.errors import streaming, unary
 from controller.core.errors import InvalidArgument
@@ -167,7 +168,9 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         self, request: fleet_pb2.CreateAllocationRequest, context: Ctx
     ) -> fleet_pb2.Allocation:
         spec = convert.spec_from_pb(request.spec)
-        allocation = await self._fleet.create_allocation(request.key, spec, by=current_caller())
+        allocation = await self._fleet.create_allocation(
+            request.key, spec, by=current_caller(), audit=current_audit()
+        )
         return convert.allocation_pb(allocation)
 
     @unary
@@ -200,7 +203,8 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     async def ReleaseAllocation(
         self, request: fleet_pb2.ReleaseAllocationRequest, context: Ctx
     ) -> fleet_pb2.Allocation:
-        return convert.allocation_pb(await self._fleet.release(request.id, by=current_caller()))
+        released = await self._fleet.release(request.id, by=current_caller(), audit=current_audit())
+        return convert.allocation_pb(released)
 
     @streaming
     async def WatchEvents(

@@ -25,6 +25,7 @@ from typing import Any
 
 from controller.core.admission import awaiting_inspection, might_fit_once_inspected, never_admitted
 from controller.core.allocation_view import AllocationView, frozen_copy
+from controller.core.audit import CallAudit
 from controller.core.errors import (
     AlreadyExists,
     DuplicateKey,
@@ -199,6 +200,7 @@ class _Arrival:
 
     record: AllocationRecord
     stored: asyncio.Future[str]
+    audit: CallAudit | None = None  # its call's entry, stored with it
 
 
 def record_created(tx: Tx, alloc: AllocationRecord) -> None:
@@ -379,7 +381,12 @@ class Allocations:
         return self._current()
 
     async def create(
-        self, key: str, spec: AllocationSpec, *, created_by: str = ""
+        self,
+        key: str,
+        spec: AllocationSpec,
+        *,
+        created_by: str = "",
+        audit: CallAudit | None = None,
     ) -> AllocationInfo:
         """Queue a gang request and try to place it at once.
 
@@ -389,6 +396,9 @@ class Allocations:
 
         Idempotent on ``key``: the same key and spec return the same allocation.
         ``created_by`` is the caller's identity, kept with the allocation.
+        ``audit``, the call's entry, is written in the transaction that
+        stores the request (not when an earlier request with the key is
+        returned).
 
         Raises:
             InvalidArgument: the spec is malformed, or names a queue that is
@@ -426,7 +436,7 @@ class Allocations:
         )
         stored: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         stored.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._arriving.append(_Arrival(alloc, stored))
+        self._arriving.append(_Arrival(alloc, stored, audit))
         # The pass runs to its end even if this caller goes away: it may
         # hold other callers' requests too.
         await asyncio.shield(self.schedule_pass())
@@ -496,18 +506,20 @@ class Allocations:
             return FailedPrecondition(f"this request can never fit the fleet: {verdict.reason}")
         return None
 
-    async def release(self, ident: str) -> AllocationInfo:
+    async def release(self, ident: str, *, audit: CallAudit | None = None) -> AllocationInfo:
         """Give the allocation's nodes back (or cancel it while pending).
 
         Idempotent: releasing a released allocation returns it unchanged.
         Its health report (``report``) is recorded in the same transaction,
         from the tally taken just before it (a report landing in between
-        is not counted).
+        is not counted), and so is ``audit``, the call's entry.
         """
         info = await self.get(ident)
         taken = self.job_health.snapshot(info.id)
 
         def write(tx: Tx) -> bool:
+            if audit is not None:
+                audit.write(tx)
             alloc = tx.allocations.get(info.id)
             if alloc is None or alloc.state in (A.RELEASED, A.FAILED):
                 return False
@@ -535,7 +547,10 @@ class Allocations:
             record_report(tx, alloc, taken, held=held, tracking_since=self.job_health.started_at)
             return True
 
-        if await self._store.tx(write):
+        released = await self._store.tx(write)
+        if audit is not None:
+            audit.committed()
+        if released:
             self.job_health.close(info.id)
         # The nodes it freed may admit what waits: a pass, which the release
         # does not wait for (it holds nothing of its caller's).
@@ -625,8 +640,9 @@ class Allocations:
             nodes = await self._nodes.records()
             waiting, rejected = self._verdicts(waiting, rejected, specs, nodes)
         try:
+            audits = [a.audit for a in arriving if a.audit is not None]
             waits = await self._store.tx(
-                lambda tx: self._apply(tx, result.admitted, waiting, rejected, fresh)
+                lambda tx: self._apply(tx, result.admitted, waiting, rejected, fresh, audits)
             )
         except DuplicateKey:
             if not arriving:
@@ -638,6 +654,8 @@ class Allocations:
             await self._decide([])
             return
         for arrival in arriving:
+            if arrival.audit is not None:
+                arrival.audit.committed()
             arrival.stored.set_result(arrival.record.id)
         admitted_at = time.time()
         for ident in waits:
@@ -647,16 +665,20 @@ class Allocations:
             self._meter.admitted(waited)
 
     async def _store_each(self, arriving: list[_Arrival]) -> None:
-        def write(tx: Tx, alloc: AllocationRecord) -> None:
-            tx.allocations.add(alloc)
-            record_created(tx, alloc)
+        def write(tx: Tx, arrival: _Arrival) -> None:
+            tx.allocations.add(arrival.record)
+            record_created(tx, arrival.record)
+            if arrival.audit is not None:
+                arrival.audit.write(tx)
 
         for arrival in arriving:
             try:
-                await self._store.tx(lambda tx, a=arrival.record: write(tx, a))  # type: ignore[misc]
+                await self._store.tx(lambda tx, a=arrival: write(tx, a))  # type: ignore[misc]
             except DuplicateKey as e:
                 arrival.stored.set_exception(e)
             else:
+                if arrival.audit is not None:
+                    arrival.audit.committed()
                 arrival.stored.set_result(arrival.record.id)
 
     def _verdicts(
@@ -704,9 +726,11 @@ class Allocations:
         waiting: dict[str, str],
         rejected: dict[str, str],
         arriving: dict[str, AllocationRecord],
+        audits: Sequence[CallAudit] = (),
     ) -> dict[str, float]:
-        """Store the ``arriving`` requests, book what was admitted and note
-        the verdicts; returns how long each admitted allocation waited, by id.
+        """Store the ``arriving`` requests (and their calls' ``audits``),
+        book what was admitted and note the verdicts; returns how long each
+        admitted allocation waited, by id.
 
         The arriving records are copied, not changed: a unit of work may run
         twice (``Store.tx``)."""
@@ -784,6 +808,8 @@ class Allocations:
                 record(tx, EventKind.ALLOCATION_FAILED, allocation=ident, reason=reason)
         for arrived in fresh.values():  # as decided: one INSERT, no UPDATE after it
             tx.allocations.add(arrived)
+        for audit in audits:
+            audit.write(tx)
         return waits
 
     async def node_failed(self, node: str, reason: str) -> None:

@@ -2,9 +2,17 @@
 
 Every mutating call and every refusal is one ``audit.call`` event, stored
 with the other events (so it streams over ``WatchEvents`` and MQTT like
-them) in its own transaction, before the caller gets the answer. The API
-layer builds the entry (``controller.api.auth``), with secrets already
-removed from the arguments; the core stores it and reads it back.
+them) before the caller gets the answer. The API layer builds the entry
+(``controller.api.auth``), with secrets already removed from the arguments;
+the core stores it and reads it back.
+
+Most entries go in a transaction of their own once the call has ended. The
+allocation calls, the API's busiest, hand their entry to the core as a
+``CallAudit``: it is written, as "OK", in the same transaction as the
+call's change (an allocation stored, or released), so the entry and the
+change are durable together and the call costs one commit instead of two.
+A call that then ends otherwise (its caller gone, an error after the
+change) gets a second entry with that ending.
 
 An audit event names no node or allocation of its own (what the call was
 about is in its arguments), so the streams a job watches for its allocation
@@ -55,23 +63,43 @@ def _entry(event: EventInfo) -> AuditEntry:
     return AuditEntry(**values, at=event.at, seq=event.seq)
 
 
+def write_entry(tx: Tx, entry: AuditEntry) -> None:
+    """Record ``entry`` as an ``audit.call`` event in ``tx`` (its ``at`` is now)."""
+    record(
+        tx,
+        EventKind.AUDIT_CALL,
+        reason=f"{entry.who} ({entry.role}) {entry.method}: {entry.code}",
+        **{k: getattr(entry, k) for k in _DATA},
+    )
+
+
+@dataclass(slots=True)
+class CallAudit:
+    """A call's "OK" entry, to be written with the call's change.
+
+    The unit of work that makes the change calls ``write`` in its
+    transaction; once that transaction has committed, its owner calls
+    ``committed``. ``stored`` then tells the API layer that the entry is
+    durable and no entry of its own is needed for a call that ended OK.
+    """
+
+    entry: AuditEntry
+    stored: bool = False
+
+    def write(self, tx: Tx) -> None:
+        write_entry(tx, self.entry)
+
+    def committed(self) -> None:
+        self.stored = True
+
+
 class AuditLog:
     def __init__(self, store: Store) -> None:
         self._store = store
 
     async def record(self, entry: AuditEntry) -> None:
         """Store ``entry`` as an ``audit.call`` event (its ``at`` is now)."""
-        data = {k: getattr(entry, k) for k in _DATA}
-
-        def write(tx: Tx) -> None:
-            record(
-                tx,
-                EventKind.AUDIT_CALL,
-                reason=f"{entry.who} ({entry.role}) {entry.method}: {entry.code}",
-                **data,
-            )
-
-        await self._store.tx(write)
+        await self._store.tx(lambda tx: write_entry(tx, entry))
 
     async def query(
         self, *, since: float = 0.0, who: str = "", method: str = "", limit: int = 0

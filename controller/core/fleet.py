@@ -19,7 +19,7 @@ from typing import Any
 from controller.checks import Suite
 from controller.core.agents import AgentHub, AgentSession
 from controller.core.allocations import Allocations
-from controller.core.audit import AuditEntry, AuditLog
+from controller.core.audit import AuditEntry, AuditLog, CallAudit
 from controller.core.checks import CheckRunInfo, CheckRunner
 from controller.core.errors import (
     FailedPrecondition,
@@ -562,13 +562,20 @@ class Fleet:
     # -- allocations -------------------------------------------------------------
 
     async def create_allocation(
-        self, key: str, spec: AllocationSpec, *, by: Caller | None = None
+        self,
+        key: str,
+        spec: AllocationSpec,
+        *,
+        by: Caller | None = None,
+        audit: CallAudit | None = None,
     ) -> AllocationInfo:
         """Raises NotFound for an unknown profile, before anything is stored.
-        ``by`` is kept with the allocation as its creator."""
+        ``by`` is kept with the allocation as its creator; ``audit`` (the
+        call's entry) is stored with it."""
         if spec.profile:
             self.profiles.get(spec.profile)
-        return await self.allocations.create(key, spec, created_by=by.name if by else "")
+        created_by = by.name if by else ""
+        return await self.allocations.create(key, spec, created_by=created_by, audit=audit)
 
     async def get_allocation(self, ident: str) -> AllocationInfo:
         return await self.allocations.get(ident)
@@ -583,8 +590,11 @@ class Fleet:
         Raises InvalidArgument as ``list_nodes_page`` does."""
         return await allocation_page(self.store, filters, size=page_size, token=page_token)
 
-    async def release(self, ident: str, *, by: Caller | None = None) -> AllocationInfo:
-        """Raises PermissionDenied when a provisioner releases another's allocation."""
+    async def release(
+        self, ident: str, *, by: Caller | None = None, audit: CallAudit | None = None
+    ) -> AllocationInfo:
+        """Raises PermissionDenied when a provisioner releases another's
+        allocation. ``audit`` (the call's entry) is stored with the release."""
         if by is not None and by.role is Role.PROVISIONER:
             owner = (await self.allocations.get(ident)).created_by
             if owner != by.name:
@@ -593,7 +603,7 @@ class Fleet:
                     f"(this one was created by {owner or 'nobody known'!r}); "
                     "releasing others' needs role operator or admin"
                 )
-        allocation = await self.allocations.release(ident)
+        allocation = await self.allocations.release(ident, audit=audit)
         self.lifecycle.wake()
         return allocation
 

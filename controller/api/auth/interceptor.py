@@ -14,7 +14,10 @@ For each call of ``kiln.v1.FleetService`` or ``kiln.v1.AgentService``:
 5. a mutating call, or any call that ended UNAUTHENTICATED or
    PERMISSION_DENIED (here or in the servicer: an agent for another node, a
    provisioner releasing another's allocation), is stored as an
-   ``audit.call`` event before the caller gets its answer.
+   ``audit.call`` event before the caller gets its answer. A mutating unary
+   call's servicer may hand its "OK" entry (``current_audit()``) to the
+   core, which writes it with the call's change; the call then ending OK
+   needs no entry of its own.
 
 Health and reflection are not Kiln's services and pass untouched, as do all
 calls until the controller is active (a standby answers UNAVAILABLE).
@@ -23,6 +26,7 @@ calls until the controller is active (a standby answers UNAVAILABLE).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import ipaddress
 import logging
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import grpc
 
 from controller.api.auth.arguments import audit_arguments
+from controller.api.auth.call_audit import reset_audit, set_audit
 from controller.api.auth.identity import identify, reset_caller, set_caller
 from controller.api.auth.roles import (
     SIMULATION_ONLY,
@@ -43,7 +48,7 @@ from controller.api.auth.roles import (
 )
 from controller.api.errors import message_for
 from controller.api.handler_cache import HandlerCache
-from controller.core.audit import AuditEntry
+from controller.core.audit import AuditEntry, CallAudit
 from controller.core.errors import Unauthenticated
 from controller.core.identity import Caller
 
@@ -180,10 +185,12 @@ class _Guard:
         context: Ctx,
         error: BaseException | None,
         peer: str,
+        draft: CallAudit | None = None,
     ) -> None:
-        """Audit the call's outcome, if it is one the log keeps. ``peer`` was
-        read while the call was alive: a context read after a cancelled call
-        is torn down crashes gRPC's aio server."""
+        """Audit the call's outcome, if it is one the log keeps (and its
+        ``draft`` was not stored with its change). ``peer`` was read while
+        the call was alive: a context read after a cancelled call is torn
+        down crashes gRPC's aio server."""
         gone = isinstance(error, asyncio.CancelledError | GeneratorExit)
         if gone:
             code, detail = grpc.StatusCode.CANCELLED, "the caller went away"
@@ -196,24 +203,24 @@ class _Guard:
             detail = context.details() or ""
         if not self._audited(code):
             return
+        if draft is not None and draft.stored and code == grpc.StatusCode.OK:
+            return  # stored with the call's change
         if gone:
             # The call is being torn down: store the entry from a task of its own.
-            task = asyncio.create_task(self._record(caller, request, peer, code, detail))
+            task = asyncio.create_task(self._record(caller, request, peer, code, detail, draft))
             self._owner.keep(task)
             return
-        await self._record(caller, request, peer, code, detail)
+        await self._record(caller, request, peer, code, detail, draft)
 
-    async def _record(
+    def _entry(
         self,
         caller: Caller | None,
         request: object,
         peer: str,
         code: grpc.StatusCode,
         detail: str,
-    ) -> None:
-        if isinstance(detail, bytes):
-            detail = detail.decode("utf-8", "replace")
-        entry = AuditEntry(
+    ) -> AuditEntry:
+        return AuditEntry(
             who=caller.name if caller else "-",
             role=str(caller.role) if caller else "-",
             via=str(caller.via) if caller else "-",
@@ -224,6 +231,29 @@ class _Guard:
             detail=detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 1] + "…",
             peer=peer,
         )
+
+    def draft(self, caller: Caller, request: object, peer: str) -> CallAudit | None:
+        """A mutating call's "OK" entry, for its servicer to store with its change."""
+        if self.rule is None or not self.rule.mutating:
+            return None
+        return CallAudit(self._entry(caller, request, peer, grpc.StatusCode.OK, ""))
+
+    async def _record(
+        self,
+        caller: Caller | None,
+        request: object,
+        peer: str,
+        code: grpc.StatusCode,
+        detail: str,
+        draft: CallAudit | None = None,
+    ) -> None:
+        if isinstance(detail, bytes):
+            detail = detail.decode("utf-8", "replace")
+        if draft is not None:  # its arguments, already taken
+            cut = detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 1] + "…"
+            entry = dataclasses.replace(draft.entry, code=code.name, detail=cut)
+        else:
+            entry = self._entry(caller, request, peer, code, detail)
         try:
             await self._fleet.record_audit(entry)
         except Exception:
@@ -253,16 +283,19 @@ class _Guard:
             caller = await self.admit(request, context)
             peer = _peer(context)
             token = set_caller(caller)
+            draft = self.draft(caller, request, peer)
+            drafted = set_audit(draft)
             try:
                 result = inner(request, context)
                 if inspect.isawaitable(result):
                     result = await result
             except BaseException as e:
-                await self.finish(caller, request, context, e, peer)
+                await self.finish(caller, request, context, e, peer, draft)
                 raise
             finally:
+                reset_audit(drafted)
                 reset_caller(token)
-            await self.finish(caller, request, context, None, peer)
+            await self.finish(caller, request, context, None, peer, draft)
             return result
 
         return call
