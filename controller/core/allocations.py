@@ -20,7 +20,7 @@ import logging
 import time
 import uuid
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from controller.core.admission import awaiting_inspection, might_fit_once_inspected, never_admitted
@@ -194,6 +194,18 @@ def allocation_info(alloc: AllocationRecord) -> AllocationInfo:
     return AllocationInfo(**values)
 
 
+@dataclasses.dataclass(slots=True)
+class _InFlight:
+    """A pass decided, its transaction not back yet: what the next pass
+    counts as booked (``booked``) and as still waiting (``waiting``: the
+    requests it stores as pending), and the ids it settled (admitted or
+    refused), which the next pass does not decide again."""
+
+    booked: dict[str, Booking]
+    waiting: list[AllocationRecord]
+    settled: frozenset[str]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Arrival:
     """A request on its way into the store, and its caller's answer (its id)."""
@@ -240,8 +252,16 @@ class Allocations:
         # Whether a spec could ever fit, while the fleet's inventory is as it was.
         self._fits: dict[AllocationSpec, KilnError | None] = {}
         self._fits_inventory = -1
-        self._asked = 0  # schedule passes asked for, and covered by a finished pass
+        self._asked = 0  # schedule passes asked for, covered by a decided pass,
+        self._decided = 0  # and by a committed one
         self._passed = 0
+        # The last pass decided: its commit, which its callers wait for.
+        self._last: asyncio.Future[None] | None = None
+        # Passes decided whose transactions are not back, oldest first;
+        # set while there is none.
+        self._in_flight: list[_InFlight] = []
+        self._landed = asyncio.Event()
+        self._landed.set()
         self._background = BackgroundTasks()  # passes asked for by releases
         # What held nodes went through, per allocation (``report``).
         self.job_health = JobHealth()
@@ -441,7 +461,9 @@ class Allocations:
         # hold other callers' requests too.
         await asyncio.shield(self.schedule_pass())
         try:
-            ident = stored.result()
+            # Stored by a pass that began after it arrived (``schedule_pass``
+            # returns once that pass and every one before it committed).
+            ident = await asyncio.shield(stored)
         except DuplicateKey:
             existing = await self._by_key(key)  # a race for the same key, or an old key
             if existing is None:
@@ -595,55 +617,161 @@ class Allocations:
         """Admit what fits now, in queue order; note why the rest waits.
 
         Passes coalesce: a caller returns once a pass that began after it
-        asked has finished, so many concurrent requests share one pass
-        instead of queueing one pass each.
+        asked has committed, so many concurrent requests share one pass
+        instead of queueing one pass each. Passes overlap: one decides
+        (under the scheduling lock) while the one before it commits, counting
+        that one's placements as booked and its waiting requests as
+        waiting; each pass's transaction checks again that its nodes are
+        free (``_apply``), so a pass before it that failed costs a wait,
+        never a node booked twice.
         """
         self._asked += 1
         ticket = self._asked
         async with self._lock:
-            if self._passed >= ticket:
-                return  # a pass that began after this call asked has run
-            began = self._asked
-            await self._schedule()
-            self._passed = began
+            if self._decided < ticket or self._last is None:
+                began = self._asked
+                self._last = await self._schedule(began)
+                self._decided = began
+            commit = self._last
+        # Shared by every caller it covers: one caller cancelled leaves it be.
+        await asyncio.shield(commit)
 
-    async def _schedule(self) -> None:
+    async def _schedule(self, began: int) -> asyncio.Future[None]:
+        """Decide a pass; its commit, running (a done future when it had
+        nothing to decide)."""
         # Taken before the first await: a pass stores every request that
         # arrived before it began (``schedule_pass``'s promise).
         arriving, self._arriving = self._arriving, []
         try:
-            await self._decide(arriving)
+            commit = await self._decide(arriving, began)
         except BaseException as e:
             for arrival in arriving:
                 if not arrival.stored.done():
                     arrival.stored.set_exception(e)
             raise
+        before = self._last
+        if commit is None:
+            if before is not None and not before.done():
+                return before  # its callers wait for the passes still committing
+            self._passed = max(self._passed, began)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        task = asyncio.create_task(self._after(before, commit), name="kiln-pass-commit")
+        # Its callers may all be gone: its failure is theirs, not asyncio's to log.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
 
-    async def _decide(self, arriving: list[_Arrival]) -> None:
+    @staticmethod
+    async def _after(before: asyncio.Future[None] | None, commit: Awaitable[None]) -> None:
+        """``commit``, ending once the pass before it has ended too: a
+        caller waiting for a pass waits for every one before it."""
+        try:
+            await commit
+        finally:
+            if before is not None and not before.done():
+                await asyncio.wait([before])
+
+    def _in_flight_view(self) -> tuple[dict[str, Booking], list[AllocationRecord], set[str]]:
+        """What the passes not committed yet decided: their bookings, the
+        requests they store as waiting, and every id they settled."""
+        booked: dict[str, Booking] = {}
+        waiting: list[AllocationRecord] = []
+        settled: set[str] = set()
+        for flight in self._in_flight:
+            booked.update(flight.booked)
+            waiting += flight.waiting
+            settled |= flight.settled
+        return booked, waiting, settled
+
+    async def _decide(
+        self, arriving: list[_Arrival], began: int
+    ) -> Coroutine[Any, Any, None] | None:
+        """Decide a pass; what commits it, or None when there was nothing
+        to decide."""
         started = time.monotonic()
         view = await self.loaded()
         for arrival in arriving:
             self._submitted += 1
             arrival.record.submitted = self._submitted
-        if not view.pending() and not arriving:
-            return
+        flying, flying_waiting, flying_settled = self._in_flight_view()
+        if not view.pending() and not arriving and not flying_waiting:
+            return None
         active, pending = self._open_allocations(view.open())
+        holding = {a.id for a in active}
+        pending = [p for p in pending if p.id not in flying_settled]
+        known = {p.id for p in pending}
+        # Stored as waiting by a pass not committed yet (in queue order,
+        # after those in the view, before the new ones).
+        pending += [p for p in flying_waiting if p.id not in known and p.id not in holding]
         fresh = {a.record.id: a.record for a in arriving}
         pending += fresh.values()
         await self._nodes.loaded()
         topology = self._current()
-        usage = self._usage_of(topology, self._bookings_of(topology, active))
+        bookings = self._bookings_of(topology, active)
+        bookings += [b for ident, b in flying.items() if ident not in holding]
+        usage = self._usage_of(topology, bookings)
         result = schedule(topology, usage, [to_request(p) for p in pending], self._queues)
         waiting, rejected = result.waiting, result.rejected
         if waiting or rejected:  # why they wait, from the whole fleet
             specs = {p.id: p.spec for p in pending}
             nodes = await self._nodes.records()
             waiting, rejected = self._verdicts(waiting, rejected, specs, nodes)
+        by_id = {p.id: p for p in pending}
+        flight = _InFlight(
+            booked={
+                ident: self._booking(by_id[ident], placement)
+                for ident, placement in result.admitted.items()
+            },
+            waiting=[r for ident, r in fresh.items() if ident in waiting],
+            settled=frozenset(result.admitted) | frozenset(rejected),
+        )
+        self._in_flight.append(flight)
+        self._landed.clear()
+        audits = [a.audit for a in arriving if a.audit is not None]
+        return self._commit(
+            flight,
+            began,
+            arriving,
+            lambda tx: self._apply(tx, result.admitted, waiting, rejected, fresh, audits),
+            started,
+        )
+
+    async def _decide_the_rest(self) -> None:
+        """A pass of what is stored, committed before this returns: not
+        one that later passes wait for (``_after``), as it runs inside the
+        commit of the pass whose requests it decides."""
+        async with self._lock:
+            commit = await self._decide([], self._asked)
+        if commit is not None:
+            await commit
+
+    def _booking(self, alloc: AllocationRecord, placement: Placement) -> Booking:
+        """The booking ``placement`` makes for ``alloc`` (as ``to_booking``
+        makes it once the admission is stored)."""
+        admitted = dataclasses.replace(
+            alloc,
+            nodes=list(placement.nodes),
+            spares=list(placement.spares),
+            domains=list(placement.domains),
+        )
+        return to_booking(admitted, self._gpus_of)
+
+    async def _commit(
+        self,
+        flight: _InFlight,
+        began: int,
+        arriving: list[_Arrival],
+        apply: Callable[[Tx], dict[str, float]],
+        started: float,
+    ) -> None:
         try:
-            audits = [a.audit for a in arriving if a.audit is not None]
-            waits = await self._store.tx(
-                lambda tx: self._apply(tx, result.admitted, waiting, rejected, fresh, audits)
-            )
+            try:
+                waits = await self._store.tx(apply)
+            finally:
+                self._in_flight.remove(flight)
+                if not self._in_flight:
+                    self._landed.set()
         except DuplicateKey:
             if not arriving:
                 raise
@@ -651,12 +779,18 @@ class Allocations:
             # with one key: stored one by one, each caller hears its own
             # outcome, and a pass without them decides the rest.
             await self._store_each(arriving)
-            await self._decide([])
+            await self._decide_the_rest()
             return
+        except BaseException as e:
+            for arrival in arriving:
+                if not arrival.stored.done():
+                    arrival.stored.set_exception(e)
+            raise
         for arrival in arriving:
             if arrival.audit is not None:
                 arrival.audit.committed()
             arrival.stored.set_result(arrival.record.id)
+        self._passed = max(self._passed, began)
         admitted_at = time.time()
         for ident in waits:
             self.job_health.admitted(ident, admitted_at)
@@ -822,6 +956,7 @@ class Allocations:
         other booking, under the scheduling lock.
         """
         async with self._lock:
+            await self._landed.wait()  # every pass's bookings stored first
             active, _ = self._open_allocations((await self.loaded()).open())
             nodes = await self._nodes.records()
             holder = next((a for a in active if node in a.members), None)

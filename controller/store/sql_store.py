@@ -44,6 +44,7 @@ from controller.store.repositories import (
     SqlTokens,
 )
 from controller.store.secrets import SecretBox
+from controller.store.write_thread import WriteThread
 from controller.store.writer_rows import TxRows, WriterRows
 
 T = TypeVar("T")
@@ -145,8 +146,11 @@ class SqlStore:
         self.engine = engine
         self._secrets = secrets or SecretBox(Fernet.generate_key())
         # One writer: SQLite takes one at a time, and ``_rows`` is its alone.
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="kiln-db"
+        self._writes: WriteThread[_Outcome] = WriteThread(
+            lambda units: self._run_group(units),
+            self._deliver,
+            lambda: _Outcome(error=StoreUnavailable()),
+            group_max=GROUP_MAX,
         )
         self._rows = WriterRows()  # the rows the writer last committed
         self._specs = SpecCodec()  # every thread's: allocation specs by their JSON
@@ -161,8 +165,6 @@ class SqlStore:
         self._listeners: list[Callable[[], None]] = []
         self._node_listeners: list[Callable[[NodeChanges], None]] = []
         self._allocation_listeners: list[Callable[[Mapping[str, AllocationRecord]], None]] = []
-        self._queued: list[tuple[Callable[[SqlTx], Any], asyncio.Future[_Outcome]]] = []
-        self._drainer: asyncio.Task[None] | None = None
         self.groups = 0  # group commits so far (more than one unit of work)
 
     def on_commit(self, listener: Callable[[], None]) -> None:
@@ -280,28 +282,18 @@ class SqlStore:
                 return outcomes
         return [self._alone(fn) for fn in fns]
 
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._queued:
-            group, self._queued = self._queued[:GROUP_MAX], self._queued[GROUP_MAX:]
-            fns = [fn for fn, _ in group]
-            try:
-                outcomes = await loop.run_in_executor(self._pool, self._run_group, fns)
-            except BaseException as e:  # the pool shut down, or this task was cancelled
-                for _, future in group:
-                    if not future.done():
-                        future.set_exception(StoreUnavailable() if isinstance(e, Exception) else e)
-                raise
-            for (_, future), outcome in zip(group, outcomes, strict=True):
-                # The view first, in commit order: the caller reads its own write.
-                if outcome.nodes:
-                    for listener in self._node_listeners:
-                        listener(outcome.nodes)
-                if outcome.allocations:
-                    for allocation_listener in self._allocation_listeners:
-                        allocation_listener(outcome.allocations)
-                if not future.done():
-                    future.set_result(outcome)
+    def _deliver(self, answers: list[tuple[asyncio.Future[_Outcome], _Outcome]]) -> None:
+        """On the loop, a group's outcomes in commit order: the view first,
+        so that each caller reads its own write."""
+        for future, outcome in answers:
+            if outcome.nodes:
+                for listener in self._node_listeners:
+                    listener(outcome.nodes)
+            if outcome.allocations:
+                for allocation_listener in self._allocation_listeners:
+                    allocation_listener(outcome.allocations)
+            if not future.done():  # its caller may be gone
+                future.set_result(outcome)
 
     async def tx(self, fn: Callable[[SqlTx], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -309,12 +301,11 @@ class SqlStore:
         # Its caller may be gone (cancelled at shutdown) when the writer fails
         # it: mark the failure seen, so asyncio does not log it as lost.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._queued.append((fn, future))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = loop.create_task(self._drain(), name="kiln-db-writes")
+        if not self._writes.put(fn, loop, future):
+            raise StoreUnavailable()  # closed
         # Not shielded: a caller cancelled while waiting cancels only its
-        # future; its unit stays queued and runs with its group (the drainer
-        # skips a done future), as it would have with the outcome unread.
+        # future; its unit stays queued and runs with its group (its answer
+        # is dropped), as it would have with the outcome unread.
         outcome = await future
         if outcome.error is not None:
             raise outcome.error
@@ -329,7 +320,7 @@ class SqlStore:
         return result
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._writes.close()
         self._read_pool.shutdown(wait=True)
         if self._writer is not None:
             with contextlib.suppress(Exception):
