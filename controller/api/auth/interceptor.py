@@ -170,7 +170,7 @@ class _Guard:
         code: grpc.StatusCode,
         detail: str,
     ) -> None:
-        await self._record(caller, request, _peer(context), code, detail)
+        await self._record(self._entry(caller, request, _peer(context), code, detail))
         await context.abort(code, detail)
 
     # -- audit ---------------------------------------------------------------
@@ -205,12 +205,13 @@ class _Guard:
             return
         if draft is not None and draft.stored and code == grpc.StatusCode.OK:
             return  # stored with the call's change
+        entry = self._entry(caller, request, peer, code, detail, draft)
         if gone:
             # The call is being torn down: store the entry from a task of its own.
-            task = asyncio.create_task(self._record(caller, request, peer, code, detail, draft))
+            task = asyncio.create_task(self._record(entry))
             self._owner.keep(task)
             return
-        await self._record(caller, request, peer, code, detail, draft)
+        await self._record(entry)
 
     def _entry(
         self,
@@ -218,8 +219,17 @@ class _Guard:
         request: object,
         peer: str,
         code: grpc.StatusCode,
-        detail: str,
+        detail: str | bytes,
+        draft: CallAudit | None = None,
     ) -> AuditEntry:
+        """The call's entry; from its ``draft`` when there is one (its
+        arguments already taken)."""
+        if isinstance(detail, bytes):
+            detail = detail.decode("utf-8", "replace")
+        if len(detail) > MAX_DETAIL:
+            detail = detail[: MAX_DETAIL - 1] + "…"
+        if draft is not None:
+            return dataclasses.replace(draft.entry, code=code.name, detail=detail)
         return AuditEntry(
             who=caller.name if caller else "-",
             role=str(caller.role) if caller else "-",
@@ -228,7 +238,7 @@ class _Guard:
             method=self.name,
             arguments=audit_arguments(request),
             code=code.name,
-            detail=detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 1] + "…",
+            detail=detail,
             peer=peer,
         )
 
@@ -238,22 +248,7 @@ class _Guard:
             return None
         return CallAudit(self._entry(caller, request, peer, grpc.StatusCode.OK, ""))
 
-    async def _record(
-        self,
-        caller: Caller | None,
-        request: object,
-        peer: str,
-        code: grpc.StatusCode,
-        detail: str,
-        draft: CallAudit | None = None,
-    ) -> None:
-        if isinstance(detail, bytes):
-            detail = detail.decode("utf-8", "replace")
-        if draft is not None:  # its arguments, already taken
-            cut = detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 1] + "…"
-            entry = dataclasses.replace(draft.entry, code=code.name, detail=cut)
-        else:
-            entry = self._entry(caller, request, peer, code, detail)
+    async def _record(self, entry: AuditEntry) -> None:
         try:
             await self._fleet.record_audit(entry)
         except Exception:
