@@ -215,6 +215,13 @@ class _Arrival:
     audit: CallAudit | None = None  # its call's entry, stored with it
 
 
+def _fail(arriving: Iterable[_Arrival], error: BaseException) -> None:
+    """Each request its pass did not store hears ``error``."""
+    for arrival in arriving:
+        if not arrival.stored.done():
+            arrival.stored.set_exception(error)
+
+
 def record_created(tx: Tx, alloc: AllocationRecord) -> None:
     record(
         tx,
@@ -645,9 +652,7 @@ class Allocations:
         try:
             commit = await self._decide(arriving, began)
         except BaseException as e:
-            for arrival in arriving:
-                if not arrival.stored.done():
-                    arrival.stored.set_exception(e)
+            _fail(arriving, e)
             raise
         before = self._last
         if commit is None:
@@ -782,9 +787,7 @@ class Allocations:
             await self._decide_the_rest()
             return
         except BaseException as e:
-            for arrival in arriving:
-                if not arrival.stored.done():
-                    arrival.stored.set_exception(e)
+            _fail(arriving, e)
             raise
         for arrival in arriving:
             if arrival.audit is not None:
