@@ -270,6 +270,14 @@ def controller_cpu_s(pid: int) -> float:
     return cpu_of(with_children(pid))
 
 
+def machine_busy_s() -> float:
+    """CPU seconds every core of this machine spent not idle, since boot
+    (``/proc/stat``: user, nice, system, irq, softirq and steal)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def controller_rss_mb(pid: int) -> float:
     total = 0.0
     for one in with_children(pid):
@@ -511,12 +519,37 @@ async def timed_loop(clients: int, seconds: float, body: Any) -> None:
     await asyncio.gather(*(client(k) for k in range(clients)))
 
 
+@dataclass
+class Cycles:
+    """One allocation window's outcome."""
+
+    create_lat: list[float]
+    release_lat: list[float]
+    admitted: int
+    pending: Counter[str]
+    rate: float  # admitted a second
+    cores: float  # the controller's (and its relays')
+    machine: float  # cores of the whole machine busy: everything sharing it
+
+    def text(self) -> str:
+        return cycles_text(
+            self.admitted, self.rate, self.pending, self.create_lat, self.release_lat
+        )
+
+    def cpu_text(self) -> str:
+        """The controller's CPU a cycle and how busy the whole machine was."""
+        per_cycle = self.cores / self.rate * 1e6 if self.rate else float("nan")
+        return (
+            f"controller {self.cores:.2f} cores ({per_cycle:.0f} us/cycle), the machine "
+            f"{self.machine:.2f} of its {os.cpu_count()} cores busy"
+        )
+
+
 async def alloc_cycles(
     stub: Any, clients: int, seconds: float, pid: int, errors: Counter[str]
-) -> tuple[list[float], list[float], int, Counter[str], float, float]:
+) -> Cycles:
     """``clients`` loops of CreateAllocation (one node) then its release, for
-    ``seconds``: (create latencies, release latencies, admitted, why the
-    rest were not, admitted a second, the server's cores)."""
+    ``seconds``."""
     create_lat: list[float] = []
     release_lat: list[float] = []
     admitted = 0
@@ -546,11 +579,12 @@ async def alloc_cycles(
         except grpc.aio.AioRpcError as e:
             errors[f"ReleaseAllocation {e.code().name}: {e.details()}"] += 1
 
-    t0, c0 = time.monotonic(), controller_cpu_s(pid)
+    t0, c0, m0 = time.monotonic(), controller_cpu_s(pid), machine_busy_s()
     await timed_loop(clients, seconds, alloc)
     elapsed = time.monotonic() - t0
     cores = (controller_cpu_s(pid) - c0) / elapsed
-    return create_lat, release_lat, admitted, pending, admitted / elapsed, cores
+    machine = (machine_busy_s() - m0) / elapsed
+    return Cycles(create_lat, release_lat, admitted, pending, admitted / elapsed, cores, machine)
 
 
 async def api_phase(
@@ -599,10 +633,7 @@ async def api_phase(
         f"  allocation window begins: {args.alloc_clients} clients for {args.alloc_seconds:g} s",
         flush=True,
     )
-    create_lat, release_lat, admitted, pending, rate, cores = await alloc_cycles(
-        stub, args.alloc_clients, args.alloc_seconds, pid, errors
-    )
-    out["alloc"] = (create_lat, release_lat, admitted, rate, pending, cores)
+    out["alloc"] = await alloc_cycles(stub, args.alloc_clients, args.alloc_seconds, pid, errors)
     out["errors"] = errors
     return out
 
@@ -639,23 +670,18 @@ async def quiet_alloc_window(
         flush=True,
     )
     t0 = time.process_time()
-    create_lat, release_lat, admitted, pending, rate, cores = await alloc_cycles(
-        stub, args.alloc_clients, args.quiet_alloc_seconds, pid, errors
-    )
+    quiet = await alloc_cycles(stub, args.alloc_clients, args.quiet_alloc_seconds, pid, errors)
     clients_cpu = (time.process_time() - t0) / args.quiet_alloc_seconds
     await generators.ask(30, "resume")
     probes.resume()
     print(
         f"  CreateAllocation+ReleaseAllocation with the agents quiet ({args.alloc_clients} "
-        "clients): "
-        + cycles_text(admitted, rate, pending, create_lat, release_lat)
-        + f"; controller {cores:.2f} cores "
-        f"({cores / rate * 1e6 if rate else float('nan'):.0f} us/cycle), "
-        f"the clients (this process) {clients_cpu:.2f} cores"
+        f"clients): {quiet.text()}; {quiet.cpu_text()}, the clients (this process) "
+        f"{clients_cpu:.2f} cores"
     )
-    for text, count in (pending + errors).most_common(3):
+    for text, count in (quiet.pending + errors).most_common(3):
         print(f"    {count}x {text}")
-    return rate, cores
+    return quiet.rate, quiet.cores
 
 
 # --- one fleet size ---------------------------------------------------------------------------
@@ -986,7 +1012,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             api = await api_phase(stub, names, args, proc.pid)
             get_lat, get_rate, get_cores = api["get"]
             first_lat, whole_lat, listed, list_cores = api["list"]
-            create_lat, release_lat, admitted, alloc_rate, pending, alloc_cores = api["alloc"]
+            cycles: Cycles = api["alloc"]
             final = await generators.ask(30, "stats", False)
             res.paces = sum(a["paces"] for a in final)
             res.asked = statistics.median([i for a in final for i in a["asked"]] or [interval])
@@ -1004,8 +1030,8 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 )
             res.get_p99 = pct(get_lat, 0.99)
             res.list_p99 = pct(whole_lat, 0.99)
-            res.alloc_rate = alloc_rate
-            res.alloc_cores = alloc_cores
+            res.alloc_rate = cycles.rate
+            res.alloc_cores = cycles.cores
             print(
                 f"  GetNode ({args.clients} clients): p50 {ms(pct(get_lat, 0.5))}, p99 "
                 f"{ms(res.get_p99)}, {get_rate:.0f} calls/s, controller {get_cores:.2f} cores"
@@ -1019,18 +1045,17 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             )
             print(
                 f"  CreateAllocation+ReleaseAllocation ({args.alloc_clients} clients, nodes=1): "
-                + cycles_text(admitted, alloc_rate, pending, create_lat, release_lat)
-                + f"; controller {alloc_cores:.2f} cores"
+                f"{cycles.text()}; {cycles.cpu_text()}"
             )
-            for text, count in pending.most_common(2):
+            for text, count in cycles.pending.most_common(2):
                 print(f"    {count}x {text}")
             for text, count in api["errors"].most_common(3):
                 print(f"    {count}x {text}")
-            if args.quiet_alloc_seconds > 0 and alloc_rate:
+            if args.quiet_alloc_seconds > 0 and cycles.rate:
                 res.quiet_alloc_rate, res.quiet_alloc_cores = await quiet_alloc_window(
                     stub, args, proc.pid, generators, probe_streams
                 )
-            if admitted == 0:
+            if cycles.admitted == 0:
                 res.notes.append(
                     f"0 allocations admitted ({ready} of {agents} nodes ready: "
                     + ", ".join(f"{c} {s}" for s, c in states.most_common())
@@ -1077,16 +1102,19 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             if res.alloc_rate:
                 floor_errors: Counter[str] = Counter()
                 async with grpc.aio.insecure_channel(f"127.0.0.1:{floor_port}") as floor_channel:
-                    _, _, cycles, _, res.alloc_floor, floor_cores = await alloc_cycles(
+                    floor_cycles = await alloc_cycles(
                         fleet_pb2_grpc.FleetServiceStub(floor_channel),
                         args.alloc_clients,
                         min(args.alloc_seconds, 5.0),
                         floor.pid,
                         floor_errors,
                     )
+                res.alloc_floor, floor_cores = floor_cycles.rate, floor_cycles.cores
                 alloc_us = res.alloc_cores / res.alloc_rate * 1e6
                 quiet_us = res.quiet_alloc_cores / (res.quiet_alloc_rate or math.nan) * 1e6
-                floor_alloc_us = floor_cores / res.alloc_floor * 1e6 if cycles else float("nan")
+                floor_alloc_us = (
+                    floor_cores / res.alloc_floor * 1e6 if floor_cycles.admitted else float("nan")
+                )
                 print(
                     f"  allocation floor (bare grpc.aio CreateAllocation+ReleaseAllocation, "
                     f"answered from memory, {args.alloc_clients} clients): {res.alloc_floor:.0f} "

@@ -108,6 +108,7 @@ class PoolGateway:
             parse_bmc_url(target.url),
             BmcCredentials(target.username, target.password),
             tls,
+            answered_last=target.answered_last,
         )
         self._handles[target.node] = (target, handle)
         return handle

@@ -17,7 +17,10 @@ interpreter the threads took. Each ``window`` seconds:
 
 * the median lateness above ``slow_above`` while the threads used more than
   ``busy_cores`` of a core: the limit is divided by how many times too late
-  the loop is (2 to 8 times; not below ``floor``). A loop late for other
+  the loop is (2 to 8 times; not below ``floor``). ``slow_above`` is 20 ms
+  in the controller's own process, where the loop serves the agents and the
+  API, and 250 ms in a BMC reader process (``--bmc-readers``), whose loop
+  only hands calls out and results back. A loop late for other
   reasons, with threads that only wait on their BMCs, keeps its threads:
   holding them back would not help it;
 * the median below ``fast_below``: the limit grows by an eighth (at least
@@ -48,7 +51,10 @@ LOG = logging.getLogger(__name__)
 DEFAULT_FLOOR = 2  # threads that may always run, however late the loop
 DEFAULT_WINDOW = 0.5  # s of results judged at a time
 DEFAULT_SLOW_ABOVE = 0.02  # s: a median lateness that cuts the limit
-DEFAULT_FAST_BELOW = 0.005  # s: a median lateness under which it grows
+FAST_SHARE = 0.25  # of slow_above: a median lateness under which it grows (5 ms)
+# In a BMC reader process the loop only hands calls out and results back:
+# a result 250 ms late costs nothing there, a thread held back costs reads.
+READER_SLOW_ABOVE = 0.25
 DEFAULT_BUSY_CORES = 0.25  # the threads' CPU (cores) over which they are the cause
 MAX_CUT = 8  # the most a limit is divided by in one window
 
@@ -67,7 +73,7 @@ class LoopShare:
     floor: int = DEFAULT_FLOOR
     window: float = DEFAULT_WINDOW
     slow_above: float = DEFAULT_SLOW_ABOVE
-    fast_below: float = DEFAULT_FAST_BELOW
+    fast_below: float = 0.0  # 0: a quarter of ``slow_above`` (5 ms by default)
     busy_cores: float = DEFAULT_BUSY_CORES
     limit: int = field(init=False)
     _seen: list[float] = field(init=False, default_factory=list)
@@ -78,6 +84,10 @@ class LoopShare:
         if self.ceiling < 1:
             raise ValueError("the pool needs at least one thread")
         self.floor = max(1, min(self.floor, self.ceiling))
+        if not self.fast_below:
+            self.fast_below = self.slow_above * FAST_SHARE
+        if not 0 < self.fast_below < self.slow_above:
+            raise ValueError("fast_below must be above 0 and below slow_above")
         self.limit = self.ceiling
 
     def spent(self, cpu_seconds: float) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from controller.bmc import registry
 from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
 from controller.bmc.handle import Bmc, Driver
+from controller.bmc.loop_share import DEFAULT_SLOW_ABOVE
 from controller.bmc.resilience import (
     BmcGuard,
     BreakerState,
@@ -64,6 +65,8 @@ class BmcPool:
             included (default: the registry's, Redfish 2, IPMI 1).
         untrusted_share: the share of a protocol's threads that calls to BMCs
             not answering (never heard from, or failing) may hold at once.
+        slow_above: how late results may reach the event loop, at the
+            median, before the threads are held back (``loop_share``).
         power_resend_after: seconds a power change may stay unapplied before
             the command is sent a second (and last) time.
         close_timeout: seconds ``close`` spends logging out of BMCs.
@@ -81,6 +84,7 @@ class BmcPool:
         workers: Mapping[str, int] | None = None,
         max_in_flight: int | None = None,
         untrusted_share: float = 0.5,
+        slow_above: float = DEFAULT_SLOW_ABOVE,
         power_resend_after: float = 30.0,
         close_timeout: float = 2.0,
         clock: Clock | None = None,
@@ -96,6 +100,7 @@ class BmcPool:
         self._workers_override = dict(workers or {})
         self._max_in_flight = max_in_flight
         self._untrusted_share = untrusted_share
+        self._slow_above = slow_above
         self._retry = retry or RetryPolicy()
         self._breaker_threshold = breaker_threshold
         self._breaker_cooldown = breaker_cooldown
@@ -117,11 +122,15 @@ class BmcPool:
         address: BmcAddress,
         credentials: BmcCredentials,
         tls: TlsOptions | None = None,
+        *,
+        answered_last: bool = False,
     ) -> Bmc:
         """Return the cached handle for ``node_name`` at ``address`` (no I/O).
 
         The driver is made by the registry entry for the address's protocol
         (``controller/bmc/registry.py``), once per BMC endpoint and credentials.
+        ``answered_last``: the store says this BMC answered its last reading;
+        a guard made now starts trusted (``BmcGuard.vouch``).
         """
         if self._closed:
             raise RuntimeError("BmcPool is closed")
@@ -155,6 +164,8 @@ class BmcPool:
                 meter=self._meter,
             )
             self._guards[key] = guard
+            if answered_last:
+                guard.vouch()
         handle = Bmc(
             node_name,
             address.protocol,
@@ -191,7 +202,12 @@ class BmcPool:
             size = self._workers_override.get(entry.protocol)
             if size is None:
                 size = min(self._max_workers, entry.max_workers or self._max_workers)
-            pool = WorkerPool(entry.protocol, size, untrusted_share=self._untrusted_share)
+            pool = WorkerPool(
+                entry.protocol,
+                size,
+                untrusted_share=self._untrusted_share,
+                slow_above=self._slow_above,
+            )
             self._pools[entry.protocol] = pool
         return pool
 

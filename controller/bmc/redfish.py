@@ -507,9 +507,13 @@ class RedfishDriver:
         with self._setup_lock:
             self._system = None
 
-    def _sushy(self) -> sushy.Sushy:
+    def _http(self) -> Any:
+        """The BMC's HTTP session (sushy's connector, no I/O): a read of a
+        known path needs nothing more, so the first read of a BMC is one
+        round trip, not two (the service root is read only by calls that go
+        through sushy's resource model)."""
         with self._setup_lock:
-            if self._conn is None:
+            if self._connector is None:
                 proxies, verify = _environment(self._address.base_url, self._tls.requests_verify)
                 connector = sushy_connector.Connector(
                     self._address.base_url,
@@ -528,20 +532,27 @@ class RedfishDriver:
                 connector._session.mount("http://", adapter)
                 connector._session.proxies.update(proxies)
                 connector._session.trust_env = False
+                connector.set_http_basic_auth(
+                    self._credentials.username, self._credentials.password
+                )
+                self._connector = connector
+            return self._connector
+
+    def _sushy(self) -> sushy.Sushy:
+        connector = self._http()
+        with self._setup_lock:
+            if self._conn is None:
                 auth = sushy_auth.BasicAuth(
                     username=self._credentials.username, password=self._credentials.password
                 )
-                try:
-                    self._conn = sushy.Sushy(self._address.base_url, auth=auth, connector=connector)
-                except BaseException:  # no answer, or a bad service root
-                    connector.close()
-                    raise
-                self._connector = connector
+                # Reads the service root: no answer, or a bad root, raises
+                # and the next call tries again on the same session.
+                self._conn = sushy.Sushy(self._address.base_url, auth=auth, connector=connector)
             return self._conn
 
     def _get(self, path: str) -> _Doc:
         """GET ``path`` as a JSON object (read and checked by the adapter)."""
-        response = self._connector.get(path)
+        response = self._http().get(path)
         parsed = response.__dict__.get(_PARSED, _UNSET)
         if parsed is _UNSET:  # an empty body, or not a 2xx answer
             parsed = _decode_document(response.content, _short(path, 100))
@@ -568,7 +579,6 @@ class RedfishDriver:
             raise
 
     def _system_doc(self) -> _Doc:
-        self._sushy()
         return self._get(self._address.system_path)
 
     def _sys(self, refresh: bool = True) -> sushy_system.System:

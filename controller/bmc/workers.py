@@ -37,7 +37,7 @@ from concurrent.futures import Executor, Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from controller.bmc.loop_share import LoopShare
+from controller.bmc.loop_share import DEFAULT_SLOW_ABOVE, LoopShare
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,9 +70,18 @@ class WorkerPool(Executor):
         max_workers: the most threads, hence the most calls running at once.
         untrusted_share: the fraction of ``max_workers`` that untrusted calls
             may hold at once (at least one thread).
+        slow_above: the median lateness of results on the event loop that
+            holds threads back (``loop_share``).
     """
 
-    def __init__(self, name: str, max_workers: int, *, untrusted_share: float = 0.5) -> None:
+    def __init__(
+        self,
+        name: str,
+        max_workers: int,
+        *,
+        untrusted_share: float = 0.5,
+        slow_above: float = DEFAULT_SLOW_ABOVE,
+    ) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be >= 1")
         if not 0.0 < untrusted_share <= 1.0:
@@ -81,7 +90,7 @@ class WorkerPool(Executor):
         self.max_workers = max_workers
         self.untrusted_share = untrusted_share
         self.untrusted_limit = max(1, int(max_workers * untrusted_share))
-        self.share = LoopShare(max_workers, name=name)
+        self.share = LoopShare(max_workers, name=name, slow_above=slow_above)
         self._cv = threading.Condition()
         self._trusted: collections.deque[_Item] = collections.deque()
         self._untrusted: collections.deque[_Item] = collections.deque()

@@ -34,6 +34,12 @@ class BmcTarget:
     password: str = field(repr=False)
     insecure: bool = False
     ca_bundle: str = ""
+    # The BMC answered the last reading Kiln stored (the node's BMC health
+    # is "ok"): a process that has not called it yet (a restarted
+    # controller, a new BMC reader) gives it the trusted lane of its
+    # threads at once, so the first pass after a restart is not held to the
+    # half of the threads kept for BMCs never heard from.
+    answered_last: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from controller.core.health import HealthReport
 from controller.core.kinds import EventKind
-from controller.core.model import AllocationSpec, ProvisionOp
+from controller.core.model import AllocationSpec, BmcTarget, ProvisionOp
 from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
 
 
@@ -69,6 +69,20 @@ class NodeRecord:
             self.drain_target is not None
             or self.allocation_profile is not None
             or self.provision is not None
+        )
+
+    def bmc_target(self, password: str) -> BmcTarget:
+        """How to reach this node's BMC, with its unsealed ``password`` (the
+        store's to give): whether the BMC answered the last reading comes
+        from the health stored with the node."""
+        return BmcTarget(
+            node=self.name,
+            url=self.bmc_url,
+            username=self.bmc_username,
+            password=password,
+            insecure=self.bmc_insecure,
+            ca_bundle=self.bmc_ca_bundle,
+            answered_last=self.bmc_health == "ok",
         )
 
 

@@ -503,14 +503,7 @@ class SqlNodes:
         return [self._target(n, sealed.get(n.name) or "") for n in nodes]
 
     def _target(self, node: NodeRecord, sealed: str) -> BmcTarget:
-        return BmcTarget(
-            node=node.name,
-            url=node.bmc_url,
-            username=node.bmc_username,
-            password=self._secrets.open(sealed),
-            insecure=node.bmc_insecure,
-            ca_bundle=node.bmc_ca_bundle,
-        )
+        return node.bmc_target(self._secrets.open(sealed))
 
     def gpus(self, name: str) -> list[GpuInfo]:
         stmt = select(GpuRow).where(GpuRow.node == name).order_by(col(GpuRow.index))

@@ -207,9 +207,11 @@ SPECIFIC: list[tuple[Operation, str, tuple[PayloadFault, ...], str]] = [
      "PowerState '***' is not one of"),
     (POWER, "PowerState-long-string", (J(SYSTEM_DOC, _system(PowerState="A" * 5000)),),
      "PowerState 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'... is not one of"),
-    (POWER, "service-root-not-json", (PayloadFault(r"^/redfish/v1/?$", b"garbage"),),
+    # A power read goes straight to the System document; the firmware
+    # inventory reads the service root first (its UpdateService link).
+    (FIRMWARE, "service-root-not-json", (PayloadFault(r"^/redfish/v1/?$", b"garbage"),),
      "/redfish/v1/: not JSON (Expecting value at offset 0, near 'garbage')"),
-    (POWER, "service-root-UpdateService-a-string",
+    (FIRMWARE, "service-root-UpdateService-a-string",
      (J(r"^/redfish/v1/?$", {"Id": "Root", "UpdateService": "x"}),),
      "unexpected structure (TypeError: string indices must be integers"),
     (SENSORS, "Temperatures-strings", (J(THERMAL, _thermal(temperatures=["hot", "cold"])),),

@@ -10,6 +10,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
+from controller.bmc.loop_share import READER_SLOW_ABOVE, LoopShare
 from controller.bmc.workers import WorkerPool, WorkerPoolClosed
 
 
@@ -155,3 +156,28 @@ def test_a_late_loop_keeps_the_untrusted_lane_to_its_share_of_the_limit() -> Non
     release.set()
     assert all(f.result(timeout=5) for f in stuck)
     pool.shutdown()
+
+
+@pytest.mark.timeout(10)
+def test_a_reader_process_pool_bears_a_later_loop_before_holding_threads_back() -> None:
+    """A BMC reader's loop only hands calls out and results back: 100 ms late
+    with busy threads keeps every thread there (the controller's own pool
+    would cut to a fifth), 300 ms cuts, and under a quarter of the bound the
+    threads come back."""
+    controller = WorkerPool("c", 256)
+    reader = WorkerPool("r", 256, slow_above=READER_SLOW_ABOVE)
+    LateLoop(controller).windows(0.1, 1)
+    loop = LateLoop(reader)
+    loop.windows(0.1, 1)
+    assert controller.stats().limit == 51
+    assert reader.stats().limit == 256
+    loop.windows(0.3, 1)
+    assert reader.stats().limit == 128
+    loop.windows(0.1, 3)  # between the bounds: kept
+    assert reader.stats().limit == 128
+    loop.windows(0.05, 1)
+    assert reader.stats().limit == 144
+    with pytest.raises(ValueError, match="fast_below"):
+        LoopShare(8, slow_above=0.1, fast_below=0.2)
+    controller.shutdown()
+    reader.shutdown()

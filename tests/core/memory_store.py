@@ -145,14 +145,7 @@ class MemoryNodes:
         return written
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:
-        return BmcTarget(
-            node=node.name,
-            url=node.bmc_url,
-            username=node.bmc_username,
-            password=self._s.passwords.get(node.name, ""),
-            insecure=node.bmc_insecure,
-            ca_bundle=node.bmc_ca_bundle,
-        )
+        return node.bmc_target(self._s.passwords.get(node.name, ""))
 
     def bmc_targets(self, nodes: Sequence[NodeRecord]) -> list[BmcTarget]:
         return [self.bmc_target(n) for n in nodes]

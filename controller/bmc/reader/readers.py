@@ -35,6 +35,13 @@ from controller.link import (
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 20.0
+# A reader runs this many times the controller's --bmc-workers threads. Its
+# threads mostly wait on BMC sockets and take nothing from the controller's
+# event loop, and after a restart two passes meet every BMC at once: the leak
+# watcher's first (every BMC asked for its detectors) and power sync's. At
+# 10,000 BMCs answering in 1 s they keep about 350 calls in flight; on 256
+# threads the power pass took 63 s (bench/bmc_power_sync.py --cold).
+THREADS_PER_WORKER = 2
 MODULE = "controller.bmc.reader.worker"
 
 
@@ -79,9 +86,10 @@ class _Link:
 
 
 class BmcReaders:
-    """``count`` reader processes, each with a pool of ``workers`` threads
-    and ``call_timeout`` seconds per BMC call (as ``--bmc-workers`` and
-    ``--bmc-call-timeout`` for the controller's own pool)."""
+    """``count`` reader processes, each with a pool of ``THREADS_PER_WORKER``
+    times ``workers`` threads and ``call_timeout`` seconds per BMC call (as
+    ``--bmc-workers`` and ``--bmc-call-timeout`` for the controller's own
+    pool)."""
 
     def __init__(
         self, count: int, *, workers: int = 256, call_timeout: float = 10.0, verbose: bool = False
@@ -89,7 +97,8 @@ class BmcReaders:
         if count < 1:
             raise InvalidArgument("--bmc-readers must be at least 1 to start readers")
         self.count = count
-        self._args = ["--workers", str(workers), "--call-timeout", repr(call_timeout)]
+        threads = workers * THREADS_PER_WORKER
+        self._args = ["--workers", str(threads), "--call-timeout", repr(call_timeout)]
         if verbose:
             self._args.append("--verbose")
         self._links: dict[int, _Link] = {}

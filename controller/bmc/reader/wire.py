@@ -36,17 +36,17 @@ LEAKS = 4
 THERMAL = 5
 FORGET = 6
 
-TargetTuple = tuple[str, str, str, str, bool, str]
+TargetTuple = tuple[str, str, str, str, bool, str, bool]
 LeakTuple = tuple[str, str, str | None, str | None, str | None, float, str, str, str]
 
 
 def target_tuple(t: BmcTarget) -> TargetTuple:
-    return (t.node, t.url, t.username, t.password, t.insecure, t.ca_bundle)
+    return (t.node, t.url, t.username, t.password, t.insecure, t.ca_bundle, t.answered_last)
 
 
 def target_from(values: Any) -> BmcTarget:
-    node, url, username, password, insecure, ca_bundle = values
-    return BmcTarget(node, url, username, password, bool(insecure), ca_bundle)
+    node, url, username, password, insecure, ca_bundle, answered_last = values
+    return BmcTarget(node, url, username, password, bool(insecure), ca_bundle, bool(answered_last))
 
 
 def leak_tuple(r: LeakReading) -> LeakTuple:

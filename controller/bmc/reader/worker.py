@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.bmc.gateway import PoolGateway
+from controller.bmc.loop_share import READER_SLOW_ABOVE
 from controller.bmc.pool import BmcPool
 from controller.bmc.reader import wire
 from controller.link import FrameError, encode, open_link, read_frame
@@ -64,7 +65,10 @@ async def answer(gateway: PoolGateway, frame: tuple[Any, ...], send: Send) -> No
 
 async def serve(args: argparse.Namespace) -> int:
     reader, writer = await open_link(args.link_fd)
-    gateway = PoolGateway(BmcPool(max_workers=args.workers, call_timeout=args.call_timeout))
+    pool = BmcPool(
+        max_workers=args.workers, call_timeout=args.call_timeout, slow_above=READER_SLOW_ABOVE
+    )
+    gateway = PoolGateway(pool)
 
     def send(frame: tuple[Any, ...]) -> None:
         if not writer.is_closing():
