@@ -45,9 +45,12 @@ What is measured, per fleet size N (``--nodes``), each on a fresh controller:
    ``--alloc-clients`` (32, a scheduler's submitters: each waits for its
    answer, so the controller's group commit takes in at most that many at
    once) CreateAllocation (``--nodes 1`` shape: AllocationSpec nodes=1)
-   followed by ReleaseAllocation: p50/p99 and admitted allocations a second.
-   Then the same window again with every agent quiet (streams open, no
-   reports; ``--quiet-alloc-seconds``, 0 for none): the allocation path
+   followed by ReleaseAllocation: p50/p99, admitted allocations a second,
+   the controller's CPU a cycle, and how many of the machine's cores were
+   busy meanwhile (``/proc/stat``: everything sharing the machine, the
+   generators and clients included). Then the same window again with
+   every agent quiet (streams open, no reports; ``--quiet-alloc-seconds``,
+   0 for none): the allocation path
    on this fleet apart from the reports that share the controller's
    interpreter and the machine's cores with it.
 5. The floor: the same generators against a bare ``grpc.aio`` server in its
