@@ -512,6 +512,9 @@ class RedfishDriver:
         known path needs nothing more, so the first read of a BMC is one
         round trip, not two (the service root is read only by calls that go
         through sushy's resource model)."""
+        connector = self._connector
+        if connector is not None:  # not behind a service root being read
+            return connector
         with self._setup_lock:
             if self._connector is None:
                 proxies, verify = _environment(self._address.base_url, self._tls.requests_verify)
