@@ -61,6 +61,7 @@ class PayloadFault:
     filler bytes up to ``size`` bytes in all (a huge answer), written piece
     by piece. ``chunked`` sends it with ``Transfer-Encoding: chunked`` and no
     ``Content-Length``. ``limit``: answer only the first ``limit`` matches.
+    ``delay``: seconds before the answer (a BMC slow on one document).
     """
 
     path: str
@@ -71,6 +72,7 @@ class PayloadFault:
     size: int | None = None
     chunked: bool = False
     limit: int | None = None
+    delay: float = 0.0
 
     @classmethod
     def json(cls, path: str, document: Any, **options: Any) -> PayloadFault:
@@ -235,6 +237,8 @@ class FaultProxy:
     async def _replace(self, writer: asyncio.StreamWriter, fault: PayloadFault) -> None:
         """Write ``fault``'s answer; the client may hang up at any point."""
         self.replaced += 1
+        if fault.delay:
+            await asyncio.sleep(fault.delay)
         writer.write(fault.head())
         for piece in fault.pieces():
             if not piece:

@@ -19,13 +19,14 @@ import pytest
 from bmc_peers import PASSWORD, USER
 
 from controller.bmc import RetryPolicy
+from controller.bmc.errors import BmcBadResponse
 from controller.bmc.gateway import PoolGateway
 from controller.bmc.pool import BmcPool
 from controller.bmc.reader import wire
 from controller.bmc.workers import WorkerStats
 from controller.core.model import BmcTarget
 from controller.core.records import NodeRecord
-from controller.sim.fault_proxy import FaultProxy
+from controller.sim.fault_proxy import FaultProxy, PayloadFault
 from controller.sim.redfish_emulator import RedfishEmulator
 
 pytestmark = pytest.mark.timeout(60)
@@ -64,6 +65,30 @@ async def test_a_first_power_read_is_one_request_and_a_power_action_still_works(
             assert await gateway.set_power(target, "on") == "on"
             assert proxy.requests > 3
             assert (await gateway.poll_power([target], 1))[name] == ("on", "ok")
+        finally:
+            await gateway.close()
+
+
+async def test_a_read_does_not_wait_behind_a_service_root_being_read(
+    emulator: RedfishEmulator,
+) -> None:
+    """A power action reads the service root, here from a BMC that takes 3 s
+    to answer it (with garbage); a power read of the same BMC meanwhile
+    answers at once, on the session it already has."""
+    slow_root = PayloadFault(r"^/redfish/v1/?$", b"garbage", delay=3.0)
+    async with FaultProxy(("127.0.0.1", emulator.port), payload_faults=[slow_root]) as proxy:
+        gateway = PoolGateway(_pool(4))
+        try:
+            name = emulator.systems[0].uuid
+            target = BmcTarget(name, _via(proxy, name), USER, PASSWORD)
+            assert await gateway.power_state(target) == "off"  # the session exists
+            action = asyncio.create_task(gateway.set_power(target, "on"))
+            while proxy.replaced == 0:  # noqa: ASYNC110 (the action is reading the root)
+                await asyncio.sleep(0.02)
+            assert await gateway.power_state(target) == "off"
+            assert not action.done(), "the read waited for the root"
+            with pytest.raises(BmcBadResponse, match="not JSON"):
+                await action
         finally:
             await gateway.close()
 
