@@ -10,7 +10,7 @@ state: several controllers may run in one process):
   nodes by state and rack, agents connected, open allocations by state and
   queue and how long the oldest has waited, BMC breakers by state, the BMC
   worker threads allowed to run per protocol, the events outbox, the
-  interval agents are told to report at.
+  interval agents are told to report at, the store's writing thread.
 
 The names and what each means are in ``docs/monitoring/README.md``.
 """
@@ -130,9 +130,11 @@ class FleetGauges:
         outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
         relays: Callable[[], Mapping[str, int]] | None = None,
         bmc_readers: Callable[[], Mapping[str, int]] | None = None,
+        store_writer: Callable[[], Mapping[str, float]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._fleet = fleet
+        self._store_writer = store_writer
         self._relays = relays
         self._bmc_readers = bmc_readers
         self._breakers = breakers
@@ -218,6 +220,28 @@ class FleetGauges:
             "BMC reader processes started again since the controller started (one ended).",
             registry=registry,
         )
+        self.store_busy = Gauge(
+            "kiln_store_write_busy_seconds",
+            "Seconds the store's writing thread has spent running groups since the "
+            "controller started (its rate: the share of that one thread's time busy).",
+            registry=registry,
+        )
+        self.store_groups = Gauge(
+            "kiln_store_write_groups",
+            "Groups of write transactions the store's writing thread has run "
+            "since the controller started.",
+            registry=registry,
+        )
+        self.store_units = Gauge(
+            "kiln_store_write_units",
+            "Units of work (one caller's transaction each) run in those groups.",
+            registry=registry,
+        )
+        self.store_queued = Gauge(
+            "kiln_store_writes_queued",
+            "Units of work waiting for the store's writing thread now.",
+            registry=registry,
+        )
         self.relay_workers = Gauge(
             "kiln_agent_relay_workers",
             "Agent relay worker processes running (--agent-relays).",
@@ -282,6 +306,11 @@ class FleetGauges:
         self.loop_lag.set(fleet.pace.lag)
         self.report_delay.set(fleet.pace.report_delay)
         self.write_behind.set(fleet.live.pending)
+        writer = self._store_writer() if self._store_writer is not None else {}
+        self.store_busy.set(writer.get("busy_seconds", 0.0))
+        self.store_groups.set(writer.get("groups", 0))
+        self.store_units.set(writer.get("units", 0))
+        self.store_queued.set(writer.get("queued", 0))
         relays = self._relays() if self._relays is not None else {}
         self.relay_workers.set(relays.get("workers", 0))
         self.relay_calls.set(relays.get("calls", 0))
@@ -310,6 +339,7 @@ class ControllerMetrics:
         outbox: Callable[[], Awaitable[tuple[int, float | None]]] | None = None,
         relays: Callable[[], Mapping[str, int]] | None = None,
         bmc_readers: Callable[[], Mapping[str, int]] | None = None,
+        store_writer: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.gauges = FleetGauges(
             self.registry,
@@ -319,6 +349,7 @@ class ControllerMetrics:
             outbox=outbox,
             relays=relays,
             bmc_readers=bmc_readers,
+            store_writer=store_writer,
         )
 
     async def exposition(self) -> bytes:

@@ -608,6 +608,7 @@ class ControllerServer:
             outbox=StoreOutbox(self.store).backlog if self.publisher is not None else None,
             relays=lambda: self.relays.figures() if self.relays is not None else {},
             bmc_readers=lambda: self.bmc_readers.figures() if self.bmc_readers else {},
+            store_writer=self.store.writer_figures,
         )
         self.http = HttpServer(self.metrics, Dashboard(self.fleet, auth=self.auth_enabled))
         try:

@@ -319,6 +319,10 @@ class SqlStore:
         result, *_ = await loop.run_in_executor(self._read_pool, lambda: self._run(fn, write=False))
         return result
 
+    def writer_figures(self) -> dict[str, float]:
+        """The writing thread's work since it started (``WriteThread.figures``)."""
+        return self._writes.figures()
+
     def close(self) -> None:
         self._writes.close()
         self._read_pool.shutdown(wait=True)

@@ -15,6 +15,11 @@ was idle 28 % of the time with units queued.)
 
 ``close`` lets the group running finish; units still queued then fail
 ``unavailable()``, as does a unit put after it.
+
+``figures()`` says how much it has done since it started (groups, units,
+seconds busy running them) and how many units wait now: the share of its
+time busy, as a rate of ``busy_seconds``, says how close the store's
+writes are to its one thread's capacity.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -56,6 +62,14 @@ class WriteThread(Generic[Outcome]):
         self._ready = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
+        # Written by the thread alone; read whole by ``figures``.
+        self._done = (0, 0, 0.0)  # groups, units, seconds busy
+
+    def figures(self) -> dict[str, float]:
+        """Groups and units run since it started, seconds busy running them,
+        and units queued now."""
+        groups, units, busy = self._done
+        return {"groups": groups, "units": units, "busy_seconds": busy, "queued": len(self._queued)}
 
     def put(self, unit: Unit, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> bool:
         """Queue ``unit``; False (nothing queued) once the thread is closed."""
@@ -91,10 +105,13 @@ class WriteThread(Generic[Outcome]):
                     return  # ``close`` fails what is left
                 take = min(self._group_max, len(self._queued))
                 group = [self._queued.popleft() for _ in range(take)]
+            began = time.perf_counter()
             try:
                 outcomes = list(self._run_group([unit for unit, _, _ in group]))
             except BaseException:  # past the store's own handling: each caller hears it
                 outcomes = [self._failed() for _ in group]
+            groups, units, busy = self._done
+            self._done = (groups + 1, units + len(group), busy + time.perf_counter() - began)
             answered = zip(group, outcomes, strict=True)
             self._answer([(loop, future, outcome) for (_, loop, future), outcome in answered])
 

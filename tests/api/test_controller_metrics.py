@@ -53,6 +53,10 @@ FAMILIES = (
     "kiln_bmc_reader_calls_in_flight",
     "kiln_bmc_reader_restarts",
     "kiln_gc_pause_seconds",
+    "kiln_store_write_busy_seconds",
+    "kiln_store_write_groups",
+    "kiln_store_write_units",
+    "kiln_store_writes_queued",
 )
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -141,6 +145,12 @@ async def test_metrics_show_the_fleet_and_what_it_did(
     assert total(samples, "kiln_agent_report_interval_seconds") == 0.5
     assert 0 <= total(samples, "kiln_controller_loop_lag_seconds") < 1.0
     assert 0 <= total(samples, "kiln_health_report_delay_seconds") < 1.0
+    # Enrolment, the lifecycle and the allocation all wrote through the store.
+    groups = total(samples, "kiln_store_write_groups")
+    assert groups > 0
+    assert total(samples, "kiln_store_write_units") >= groups
+    assert total(samples, "kiln_store_write_busy_seconds") > 0
+    assert total(samples, "kiln_store_writes_queued") >= 0
     assert SIM_PASSWORD not in text
 
 

@@ -67,3 +67,24 @@ async def test_closing_commits_the_group_running_and_fails_the_rest(engine: Engi
         assert stored == ["wt-c"]
     finally:
         again.close()
+
+
+async def test_the_writer_says_how_much_it_has_done(engine: Engine) -> None:
+    store = SqlStore(engine)
+    started: dict[str, float] = {}
+    try:
+        before = store.writer_figures()
+        assert before == {"groups": 0, "units": 0, "busy_seconds": 0.0, "queued": 0}
+        slow = asyncio.ensure_future(store.tx(write("wf-a", started, hold=0.2)))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)  # the writer is in the first unit
+        rest = [asyncio.ensure_future(store.tx(write(f"wf-{i}", started))) for i in range(3)]  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert store.writer_figures()["queued"] == 3
+        await asyncio.gather(slow, *rest)
+        after = store.writer_figures()
+        assert after["units"] == 4
+        assert after["groups"] == 2  # the slow one, then the three queued behind it
+        assert after["busy_seconds"] >= 0.2
+        assert after["queued"] == 0
+    finally:
+        store.close()
