@@ -535,8 +535,12 @@ class Cycles:
     machine: float  # cores of the whole machine busy: everything sharing it
 
     def text(self) -> str:
-        return cycles_text(
-            self.admitted, self.rate, self.pending, self.create_lat, self.release_lat
+        """The window's outcome and latencies, as its line prints them."""
+        create, release = self.create_lat, self.release_lat
+        return (
+            f"{self.admitted} admitted ({self.rate:.0f}/s), {sum(self.pending.values())} not; "
+            f"create p50 {ms(pct(create, 0.5))} p99 {ms(pct(create, 0.99))}, "
+            f"release p50 {ms(pct(release, 0.5))} p99 {ms(pct(release, 0.99))}"
         )
 
     def cpu_text(self) -> str:
@@ -639,21 +643,6 @@ async def api_phase(
     out["alloc"] = await alloc_cycles(stub, args.alloc_clients, args.alloc_seconds, pid, errors)
     out["errors"] = errors
     return out
-
-
-def cycles_text(
-    admitted: int,
-    rate: float,
-    pending: Counter[str],
-    create_lat: list[float],
-    release_lat: list[float],
-) -> str:
-    """An allocation window's outcome and latencies, as its line prints them."""
-    return (
-        f"{admitted} admitted ({rate:.0f}/s), {sum(pending.values())} not; "
-        f"create p50 {ms(pct(create_lat, 0.5))} p99 {ms(pct(create_lat, 0.99))}, "
-        f"release p50 {ms(pct(release_lat, 0.5))} p99 {ms(pct(release_lat, 0.99))}"
-    )
 
 
 async def quiet_alloc_window(
