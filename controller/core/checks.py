@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.checks import CheckSpec, Suite, judge
+from controller.core import scan
 from controller.core.agents import AgentHub
 from controller.core.errors import FailedPrecondition, InvalidArgument, KilnError
 from controller.core.eventlog import record
@@ -399,12 +400,13 @@ class CheckRunner:
         for rack in self._running.values():
             per_rack[rack] = per_rack.get(rack, 0) + 1
         room = periodic.fleet - len(self._running)
-        eligible = [
-            row
-            for row in await self._nodes.records_in([S.READY])
-            if not (row.allocation_id or row.drained or row.name in self._running)
-            and self._last.get(row.name, self._since) + periodic.every_s <= now
-        ]
+        eligible = await scan.select(  # a slice at a time: see ``scan``
+            await self._nodes.records_in([S.READY]),
+            lambda row: (
+                not (row.allocation_id or row.drained or row.name in self._running)
+                and self._last.get(row.name, self._since) + periodic.every_s <= now
+            ),
+        )
         eligible.sort(key=lambda r: self._last.get(r.name, self._since))  # the longest waiting
         due: list[NodeRecord] = []
         for row in eligible:

@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+from controller.core import scan
 from controller.core.agents import AgentHub
 from controller.core.errors import KilnError
 from controller.core.eventlog import record
@@ -272,15 +273,18 @@ class PolicyRunner:
         if self._sampling is not None and not self._sampling.done():
             return
         self._last_silent_scan = now
-        due = [
-            row
-            for row in await self._nodes.records_in(WATCHED)
-            if row.state in WATCHED
-            and row.power == PowerState.ON
-            and not self._agents.is_connected(row.name)
-            and now - max(self._nodes.last_seen(row), self._started_at) >= self.silent_after
-            and now - self._last_bmc_sample.get(row.name, 0.0) >= self.bmc_sample_interval
-        ]
+        # Every node, a slice at a time (``scan``): at fleet size the look is
+        # tens of milliseconds, which the agents' reports must not wait for.
+        due = await scan.select(
+            await self._nodes.records(),
+            lambda row: (
+                row.state in WATCHED
+                and row.power == PowerState.ON
+                and not self._agents.is_connected(row.name)
+                and now - max(self._nodes.last_seen(row), self._started_at) >= self.silent_after
+                and now - self._last_bmc_sample.get(row.name, 0.0) >= self.bmc_sample_interval
+            ),
+        )
         if not due:
             return
         for row in due:
