@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from controller.core import scan
 from controller.core.eventlog import record, tell_job
 from controller.core.kinds import EventKind
 from controller.core.meter import Meter, NullMeter
@@ -139,7 +140,15 @@ class PowerSync:
         polled = await self._bmc.poll_power(
             targets, self.concurrency, spread=self._span(len(targets))
         )
-        drifted, written = await self._store.tx(lambda tx: self._apply(tx, polled))
+        # Most readings change nothing: the view (what the store last
+        # committed) sorts them out on the loop, a slice at a time, so the
+        # database thread looks only at the nodes that changed (each again in
+        # its transaction), not at every node of the fleet in one piece.
+        changed, steady_drift = await self._changed(polled)
+        drifted, written = (
+            await self._store.tx(lambda tx: self._apply(tx, changed)) if changed else ([], [])
+        )
+        drifted = sorted(set(drifted).union(steady_drift))
         self.last_pass_seconds = time.monotonic() - started
         self.rows_written = len(written)
         self._meter.power_sync_pass(self.last_pass_seconds, len(written))
@@ -174,6 +183,29 @@ class PowerSync:
             )
         self._said_slow = capped > self.interval
         return max(span, capped)
+
+    async def _changed(
+        self, polled: dict[str, tuple[str | None, str]]
+    ) -> tuple[dict[str, tuple[str | None, str]], list[str]]:
+        """The readings that differ from the node as the view has it, and the
+        nodes whose reading is as stored but not as expected (drifted still)."""
+        view = await self._nodes.loaded()
+        steady_drift: list[str] = []
+
+        def differs(item: tuple[str, tuple[str | None, str]]) -> bool:
+            name, (power, health) = item
+            node = view.get(name)
+            if node is None:
+                return False  # removed meanwhile
+            reading = node.power if power is None else PowerState(power)
+            if reading != node.power or health != node.bmc_health:
+                return True
+            want = expected_power(node)
+            if want is not None and reading != want:
+                steady_drift.append(name)
+            return False
+
+        return dict(await scan.select(list(polled.items()), differs)), steady_drift
 
     @staticmethod
     def _apply(tx: Tx, polled: dict[str, tuple[str | None, str]]) -> tuple[list[str], list[str]]:

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from core_builders import set_fields
@@ -194,6 +195,34 @@ async def test_power_sync_writes_only_what_changed(
     assert fleet.power_sync.rows_written == 0  # nothing changed: nothing written
     bmc.power["p2"] = "off"
     await fleet.power_sync.run_once()
+    assert fleet.power_sync.rows_written == 1
+    assert (await fleet.get_node("p2")).power.value == "off"
+
+
+@pytest.mark.timeout(60)
+async def test_a_power_sync_pass_hands_the_database_only_the_readings_that_changed(
+    make_fleet: Callable[..., Fleet], bmc: FakeBmc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The readings are sorted out against the view on the loop: at 25,000
+    nodes the transaction had looked at every node in one piece each pass."""
+    fleet = make_fleet()
+    for name in ("p1", "p2", "p3"):
+        await enroll(fleet, name)
+        bmc.power[name] = "on"
+    await fleet.power_sync.run_once()
+    handed: list[list[str]] = []
+    apply = fleet.power_sync._apply
+
+    def counted(tx: Any, polled: dict[str, Any]) -> Any:
+        handed.append(sorted(polled))
+        return apply(tx, polled)
+
+    monkeypatch.setattr(fleet.power_sync, "_apply", counted)
+    await fleet.power_sync.run_once()
+    assert handed == [], "nothing changed: no transaction"
+    bmc.power["p2"] = "off"
+    await fleet.power_sync.run_once()
+    assert handed == [["p2"]]
     assert fleet.power_sync.rows_written == 1
     assert (await fleet.get_node("p2")).power.value == "off"
 
