@@ -82,6 +82,13 @@ the floor's CPU per report, at least 500 admitted allocations a second
 (when missed, a line says what 500 a second would cost in CPU at the
 run's own cost per cycle).
 
+The controller serves ``/metrics`` on a port of its own here, read at each
+end of the report-to-visible window and of both allocation windows: a line
+after each says how often and how long its garbage collector paused it
+meanwhile (``kiln_gc_pause_seconds``, by generation, and how many pauses
+were longer than 100 ms). A p99 over 80 probe reports is decided by one
+such pause.
+
 How long it takes, measured on a 2-core machine shared with other work,
 against the controller of December 2026 (its speed is changing): the
 defaults (1,000 and 5,000 nodes, x10 compressed, 30 s windows) about 8
@@ -120,6 +127,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -289,9 +297,74 @@ def controller_rss_mb(pid: int) -> float:
     return total
 
 
+# --- the controller's garbage collector -----------------------------------------------
+class GcPauses:
+    """The controller's garbage-collector pauses, from its ``/metrics``
+    (``kiln_gc_pause_seconds``, by generation): what a window's p99 may be
+    made of. One scrape at each end of a window (a scrape is a few
+    milliseconds of the controller's loop)."""
+
+    LONG = 0.1  # s: a bucket bound of kiln_gc_pause_seconds
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+
+    def read(self) -> dict[str, tuple[float, float, float]]:
+        """Per generation: (pauses, seconds in all, pauses longer than LONG)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.url, timeout=10) as answer:  # loopback only
+            text = answer.read().decode()
+        seen: dict[str, dict[str, float]] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name != "kiln_gc_pause_seconds":
+                continue
+            for sample in family.samples:
+                one = seen.setdefault(sample.labels["generation"], {})
+                if sample.name.endswith("_count"):
+                    one["count"] = sample.value
+                elif sample.name.endswith("_sum"):
+                    one["sum"] = sample.value
+                elif sample.name.endswith("_bucket") and float(sample.labels["le"]) == self.LONG:
+                    one["short"] = sample.value
+        return {
+            gen: (v.get("count", 0.0), v.get("sum", 0.0), v.get("count", 0.0) - v.get("short", 0.0))
+            for gen, v in seen.items()
+        }
+
+    async def snapshot(self) -> dict[str, tuple[float, float, float]] | None:
+        """``read``, off this loop; None when the controller did not answer."""
+        try:
+            return await asyncio.to_thread(self.read)
+        except (OSError, ValueError, KeyError):
+            return None
+
+    @staticmethod
+    def text(
+        before: dict[str, tuple[float, float, float]] | None,
+        after: dict[str, tuple[float, float, float]] | None,
+    ) -> str:
+        if before is None or after is None:
+            return "the garbage collector's pauses: not read (/metrics did not answer)"
+        counts = {g: after[g][0] - before.get(g, (0.0, 0.0, 0.0))[0] for g in sorted(after)}
+        seconds = sum(after[g][1] - before.get(g, (0.0, 0.0, 0.0))[1] for g in after)
+        long = sum(after[g][2] - before.get(g, (0.0, 0.0, 0.0))[2] for g in after)
+        by_gen = ", ".join(f"{counts[g]:.0f} of generation {g}" for g in counts)
+        return (
+            f"the garbage collector paused the controller {sum(counts.values()):.0f} times "
+            f"({by_gen}), {seconds * 1000:.0f} ms in all, {long:.0f} longer than "
+            f"{GcPauses.LONG * 1000:.0f} ms"
+        )
+
+
 # --- the controller ------------------------------------------------------------------
 def start_controller(
-    args: argparse.Namespace, workdir: Path, port: int, interval: float, agent_port: int
+    args: argparse.Namespace,
+    workdir: Path,
+    port: int,
+    interval: float,
+    agent_port: int,
+    metrics_port: int,
 ) -> tuple[subprocess.Popen[bytes], Path]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "proto"), env.get("PYTHONPATH", "")])
@@ -309,6 +382,8 @@ def start_controller(
         # The generators answer only reset_gpus; DCGM and nvbandwidth runs
         # (the intake checks) are not what this measures.
         "--checks", args.checks,
+        # Its /metrics: the garbage collector's pauses in each window.
+        "--http-listen", f"127.0.0.1:{metrics_port}",
     ]  # fmt: skip
     if args.bmc_readers > 0:
         cmd += ["--bmc-readers", str(args.bmc_readers)]
@@ -595,7 +670,7 @@ async def alloc_cycles(
 
 
 async def api_phase(
-    stub: Any, names: list[str], args: argparse.Namespace, pid: int
+    stub: Any, names: list[str], args: argparse.Namespace, pid: int, gc_pauses: GcPauses
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     errors: Counter[str] = Counter()
@@ -640,13 +715,20 @@ async def api_phase(
         f"  allocation window begins: {args.alloc_clients} clients for {args.alloc_seconds:g} s",
         flush=True,
     )
+    gc_before = await gc_pauses.snapshot()
     out["alloc"] = await alloc_cycles(stub, args.alloc_clients, args.alloc_seconds, pid, errors)
+    out["alloc_gc"] = GcPauses.text(gc_before, await gc_pauses.snapshot())
     out["errors"] = errors
     return out
 
 
 async def quiet_alloc_window(
-    stub: Any, args: argparse.Namespace, pid: int, generators: Any, probes: Streams
+    stub: Any,
+    args: argparse.Namespace,
+    pid: int,
+    generators: Any,
+    probes: Streams,
+    gc_pauses: GcPauses,
 ) -> tuple[float, float]:
     """The allocation window again with every agent quiet (streams open,
     no reports sent): what the allocation path itself does on this fleet,
@@ -661,9 +743,11 @@ async def quiet_alloc_window(
         f"{args.quiet_alloc_seconds:g} s, no reports",
         flush=True,
     )
+    gc_before = await gc_pauses.snapshot()
     t0 = time.process_time()
     quiet = await alloc_cycles(stub, args.alloc_clients, args.quiet_alloc_seconds, pid, errors)
     clients_cpu = (time.process_time() - t0) / args.quiet_alloc_seconds
+    gc_text = GcPauses.text(gc_before, await gc_pauses.snapshot())
     await generators.ask(30, "resume")
     probes.resume()
     print(
@@ -671,6 +755,7 @@ async def quiet_alloc_window(
         f"clients): {quiet.text()}; {quiet.cpu_text()}, the clients (this process) "
         f"{clients_cpu:.2f} cores"
     )
+    print(f"    meanwhile {gc_text}")
     for text, count in (quiet.pending + errors).most_common(3):
         print(f"    {count}x {text}")
     return quiet.rate, quiet.cores
@@ -780,7 +865,11 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             port = free_port()
             agent_port = free_port() if args.agent_relays > 0 else port
             relayed_channel: grpc.aio.Channel | None = None
-            proc, log_path = start_controller(args, workdir, port, interval, agent_port)
+            metrics_port = free_port()
+            proc, log_path = start_controller(
+                args, workdir, port, interval, agent_port, metrics_port
+            )
+            gc_pauses = GcPauses(metrics_port)
             channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=BIG)
             stub = fleet_pb2_grpc.FleetServiceStub(channel)
             await wait_serving(channel, proc)
@@ -939,9 +1028,11 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
 
             # -- report-to-visible latency (GetNode polling: a window of its own) --
             await asyncio.sleep(min(3.0, interval * 2))
+            gc_before = await gc_pauses.snapshot()
             probes.recording = True
             await asyncio.sleep(max(args.latency_seconds, 3 * interval))
             probes.recording = False
+            gc_probe = GcPauses.text(gc_before, await gc_pauses.snapshot())
             await asyncio.gather(*list(probes.tasks), return_exceptions=True)
 
             ctl_cpu = c1 - c0
@@ -999,9 +1090,10 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 f"p50 {ms(res.report_p50)}, p99 {ms(res.report_p99)} over "
                 f"{len(probes.latencies)} reports, {probes.unseen} not visible within 10 s"
             )
+            print(f"    meanwhile {gc_probe}")
 
             # -- API under the report load --
-            api = await api_phase(stub, names, args, proc.pid)
+            api = await api_phase(stub, names, args, proc.pid, gc_pauses)
             get_lat, get_rate, get_cores = api["get"]
             first_lat, whole_lat, listed, list_cores = api["list"]
             cycles: Cycles = api["alloc"]
@@ -1039,13 +1131,14 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 f"  CreateAllocation+ReleaseAllocation ({args.alloc_clients} clients, nodes=1): "
                 f"{cycles.text()}; {cycles.cpu_text()}"
             )
+            print(f"    meanwhile {api['alloc_gc']}")
             for text, count in cycles.pending.most_common(2):
                 print(f"    {count}x {text}")
             for text, count in api["errors"].most_common(3):
                 print(f"    {count}x {text}")
             if args.quiet_alloc_seconds > 0 and cycles.rate:
                 res.quiet_alloc_rate, res.quiet_alloc_cores = await quiet_alloc_window(
-                    stub, args, proc.pid, generators, probe_streams
+                    stub, args, proc.pid, generators, probe_streams, gc_pauses
                 )
             if cycles.admitted == 0:
                 res.notes.append(
