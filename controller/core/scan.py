@@ -1,8 +1,10 @@
 """Scans of the whole fleet on the event loop, a slice at a time.
 
 A periodic task that looks at every node (the leak watcher deciding which
-BMCs a pass reads, the health policies looking for silent agents) runs on
-the event loop that also takes every agent's report and every API call.
+BMCs a pass reads, power sync sorting out its readings, the health
+policies looking for silent agents, the periodic checks choosing what is
+due) runs on the event loop that also takes every agent's report and every
+API call.
 At 25,000 nodes one such look is tens of milliseconds of Python in one
 piece (measured: 21 ms for the leak watcher's on an idle machine, more
 beside the reports), every few seconds: each report and call that arrives
