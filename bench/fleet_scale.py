@@ -301,8 +301,8 @@ def controller_rss_mb(pid: int) -> float:
 class GcPauses:
     """The controller's garbage-collector pauses, from its ``/metrics``
     (``kiln_gc_pause_seconds``, by generation): what a window's p99 may be
-    made of. One scrape at each end of a window (a scrape is a few
-    milliseconds of the controller's loop)."""
+    made of. One scrape at each end of a window, so that the scrape's own
+    work for the controller (its fleet gauges) falls outside it."""
 
     LONG = 0.1  # s: a bucket bound of kiln_gc_pause_seconds
 
