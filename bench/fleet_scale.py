@@ -346,14 +346,17 @@ class GcPauses:
     ) -> str:
         if before is None or after is None:
             return "the garbage collector's pauses: not read (/metrics did not answer)"
-        counts = {g: after[g][0] - before.get(g, (0.0, 0.0, 0.0))[0] for g in sorted(after)}
-        seconds = sum(after[g][1] - before.get(g, (0.0, 0.0, 0.0))[1] for g in after)
-        long = sum(after[g][2] - before.get(g, (0.0, 0.0, 0.0))[2] for g in after)
-        by_gen = ", ".join(f"{counts[g]:.0f} of generation {g}" for g in counts)
+        zero = (0.0, 0.0, 0.0)
+        delta = {  # per generation: (pauses, seconds, long pauses) in the window
+            g: tuple(a - b for a, b in zip(after[g], before.get(g, zero), strict=True))
+            for g in sorted(after)
+        }
+        by_gen = ", ".join(f"{d[0]:.0f} of generation {g}" for g, d in delta.items())
         return (
-            f"the garbage collector paused the controller {sum(counts.values()):.0f} times "
-            f"({by_gen}), {seconds * 1000:.0f} ms in all, {long:.0f} longer than "
-            f"{GcPauses.LONG * 1000:.0f} ms"
+            f"the garbage collector paused the controller "
+            f"{sum(d[0] for d in delta.values()):.0f} times ({by_gen}), "
+            f"{sum(d[1] for d in delta.values()) * 1000:.0f} ms in all, "
+            f"{sum(d[2] for d in delta.values()):.0f} longer than {GcPauses.LONG * 1000:.0f} ms"
         )
 
 
