@@ -163,7 +163,7 @@ class PoolGateway:
         self, targets: list[BmcTarget], concurrency: int, *, spread: float = 0.0
     ) -> dict[str, tuple[str | None, str]]:
         async def read(bmc: Bmc) -> PowerState:
-            return await bmc.power.state()
+            return await bmc.power.poll()
 
         result = await run_bulk(
             [(t.node, self._bmc(t)) for t in targets],

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from controller.bmc.errors import BmcPowerNotHonoured
+from controller.bmc.redfish_http import RedfishHttp
 from controller.bmc.resilience import BmcGuard
 from controller.bmc.types import (
     BmcHealth,
@@ -98,13 +99,30 @@ class PowerControl(_Capability):
     min_read_budget: float = 0.25
 
     def __init__(
-        self, driver: Driver, guard: BmcGuard, *, resend_after: float | None = 30.0
+        self,
+        driver: Driver,
+        guard: BmcGuard,
+        *,
+        resend_after: float | None = 30.0,
+        http: RedfishHttp | None = None,
     ) -> None:
         super().__init__(driver, guard)
         self.resend_after = resend_after
+        self._http = http
 
     async def state(self) -> PowerState:
         return await self._read("power state", self._driver.power_state)
+
+    async def poll(self) -> PowerState:
+        """The power state, read for a periodic pass over the fleet (power
+        sync): on the event loop where the driver can read it there (Redfish,
+        through the pool's ``RedfishHttp``), else as ``state``. The same
+        guard either way: slots, retries, breakers, health."""
+        read = getattr(self._driver, "power_state_async", None)
+        http = self._http
+        if read is None or http is None:
+            return await self.state()
+        return await self._guard.call_async("power state", lambda: read(http))
 
     async def set(
         self, action: PowerAction, timeout: float = 60.0, *, resend_after: float | None = None
@@ -338,10 +356,11 @@ class Bmc:
         guard: BmcGuard,
         *,
         power_resend_after: float | None = 30.0,
+        http: RedfishHttp | None = None,
     ) -> None:
         self.node = node
         self.protocol = protocol
-        self.power = PowerControl(driver, guard, resend_after=power_resend_after)
+        self.power = PowerControl(driver, guard, resend_after=power_resend_after, http=http)
         self.boot = BootControl(driver, guard)
         self.vmedia = VirtualMediaControl(driver, guard)
         self.bios = BiosControl(driver, guard)

@@ -20,6 +20,7 @@ from controller.bmc import registry
 from controller.bmc.address import BmcAddress, BmcCredentials, TlsOptions
 from controller.bmc.handle import Bmc, Driver
 from controller.bmc.loop_share import DEFAULT_SLOW_ABOVE
+from controller.bmc.redfish_http import RedfishHttp
 from controller.bmc.resilience import (
     BmcGuard,
     BreakerState,
@@ -115,6 +116,8 @@ class BmcPool:
         # guards of every system served from it.
         self._endpoints: dict[tuple[str, str, int], CircuitBreaker] = {}
         self._closed = False
+        # Redfish reads made on the event loop (``PowerControl.poll``).
+        self._http = RedfishHttp()
 
     def get(
         self,
@@ -172,6 +175,7 @@ class BmcPool:
             driver,
             guard,
             power_resend_after=self.power_resend_after,
+            http=self._http,
         )
         self._handles[(node_name, key)] = handle
         LOG.debug("node %s: BMC handle for %s (%s)", node_name, address.url, address.protocol)
@@ -261,6 +265,7 @@ class BmcPool:
         self._endpoints.clear()
         for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
+        await self._http.close()
         if not drivers:
             return
         closer = WorkerPool("close", min(16, len(drivers)))

@@ -41,10 +41,12 @@ A good answer makes it "ok" again.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -52,6 +54,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import requests
 import sushy
 from requests import PreparedRequest, Response
@@ -62,6 +65,7 @@ from sushy import exceptions as sushy_exc
 from sushy.resources.system import system as sushy_system
 
 from controller.bmc.errors import BmcBadResponse, BmcServerError, BmcTlsError
+from controller.bmc.redfish_http import AnswerTooLarge, RedfishHttp
 from controller.bmc.types import (
     BootDevice,
     BootMode,
@@ -419,6 +423,10 @@ class RedfishDriver:
         self._max_response_bytes = max_response_bytes
         self._conn: sushy.Sushy | None = None
         self._connector: Any = None
+        # For reads through RedfishHttp: the environment's route, and the
+        # headers with the Basic credentials, each made once.
+        self._http_route: tuple[str | None, bool | str] | None = None
+        self._http_headers: dict[str, str] | None = None
         self._system: sushy_system.System | None = None
         # The LeakDetectors collections of the system's chassis, and when found.
         self._leak_paths: tuple[str, ...] | None = None
@@ -489,6 +497,83 @@ class RedfishDriver:
             raise BmcError(
                 host=host, reason=f"{operation}: unexpected {type(e).__name__} in the driver"
             ) from e
+
+    @contextlib.contextmanager
+    def _edge_http(self, operation: str, path: str) -> Iterator[None]:
+        """As ``_edge``, for a read through ``RedfishHttp``: aiohttp's
+        failures, and answers Kiln cannot use, become the Kiln errors the
+        same failure raises through sushy."""
+        host = self._label
+        try:
+            yield
+        except (BmcError, NotSupported):
+            raise
+        except _BadAnswer as e:
+            raise self._bad(operation, e.reason) from None
+        except AnswerTooLarge as e:
+            where = _short(path, 100)
+            limit = _size(self._max_response_bytes)
+            reason = (
+                f"{where}: answer of {e.size} bytes is over the {limit} limit (not read)"
+                if e.declared
+                else f"{where}: answer is over the {limit} limit (stopped reading after "
+                f"{e.size} bytes)"
+            )
+            raise self._bad(operation, reason) from None
+        except aiohttp.ClientSSLError as e:
+            raise BmcTlsError(host=host, reason=_short(_tls_reason(str(e)))) from e
+        except TimeoutError as e:  # aiohttp's own (total or connect) timeout
+            raise BmcTimeout(host=host, operation=operation, seconds=self._timeout) from e
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
+            raise BmcUnreachable(host=host, reason=_short(_socket_reason(e))) from e
+        except aiohttp.ClientError as e:
+            raise BmcError(host=host, reason=f"{operation}: {self._text(str(e))}") from e
+        except RecursionError:
+            raise self._bad(operation, "nested too deeply to read") from None
+        except (ValueError, LookupError, TypeError, AttributeError, ArithmeticError) as e:
+            raise self._bad(operation, f"unexpected structure ({type(e).__name__}: {e})") from None
+
+    def _answer_error(self, operation: str, status: int, body: bytes) -> Exception:
+        """The Kiln error for an HTTP error answer, as ``_edge`` makes it of
+        the sushy error the same answer raises there."""
+        host = self._label
+        if status == 401:
+            return BmcAuthenticationFailed(host=host, username=self._credentials.username)
+        if status == 403:
+            return BmcError(host=host, reason=f"{operation}: access denied (403)")
+        if status in (404, 405, 501):
+            return NotSupported(operation)
+        detail = _error_detail(body)
+        if status >= 500:
+            return BmcServerError(
+                host=host, status=status, reason=f"{operation}: {self._text(detail)}"
+            )
+        return BmcError(
+            host=host, reason=f"{operation}: HTTP {status} {self._text(detail, '')}".strip()
+        )
+
+    def _route(self) -> tuple[str | None, bool | str]:
+        """The proxy (None: direct) and ``verify`` for this BMC, from the
+        environment, read once (as the sushy session's)."""
+        route = self._http_route
+        if route is None:
+            proxies, verify = _environment(self._address.base_url, self._tls.requests_verify)
+            scheme = self._address.base_url.split(":", 1)[0]
+            route = self._http_route = (proxies.get(scheme) or proxies.get("all"), verify)
+        return route
+
+    def _headers(self) -> dict[str, str]:
+        headers = self._http_headers
+        if headers is None:
+            token = base64.b64encode(
+                f"{self._credentials.username}:{self._credentials.password}".encode()
+            ).decode("ascii")
+            headers = self._http_headers = {
+                "Authorization": f"Basic {token}",
+                "Accept": "application/json",
+                "OData-Version": "4.0",
+            }
+        return headers
 
     def _bad(self, operation: str, reason: str) -> BmcBadResponse:
         error = BmcBadResponse(host=self._label, operation=operation, reason=self._text(reason))
@@ -618,6 +703,35 @@ class RedfishDriver:
     def power_state(self) -> PowerState:
         with self._edge("power state"):
             system = self._system_doc()
+            wire = system.text("PowerState", required=True)
+            state = POWER_STATES.get(wire or "")
+            if state is None:
+                raise system.bad(
+                    "PowerState", f"{_quote(wire or '')} is not one of {', '.join(POWER_STATES)}"
+                )
+            return state
+
+    async def power_state_async(self, http: RedfishHttp) -> PowerState:
+        """``power_state`` on the event loop, through ``http`` (the pool's
+        aiohttp session, ``redfish_http.py``): the same GET, the same checks
+        of the answer and the same Kiln errors, without a worker thread."""
+        operation = "power state"
+        path = self._address.system_path
+        with self._edge_http(operation, path):
+            proxy, verify = self._route()
+            status, body = await http.get(
+                self._address.base_url + path,
+                headers=self._headers(),
+                tls=http.tls(verify),
+                proxy=proxy,
+                timeout=self._timeout,
+                connect_timeout=min(self._timeout, 5.0),
+                limit=self._max_response_bytes,
+            )
+            where = _short(path, 100)
+            if not 200 <= status < 300:
+                raise self._answer_error(operation, status, body)
+            system = _Doc(_decode_document(body, where), path)
             wire = system.text("PowerState", required=True)
             state = POWER_STATES.get(wire or "")
             if state is None:
@@ -1021,6 +1135,37 @@ def _connection_reason(text: str) -> str:
     """The root cause of a requests connection error ("Connection refused"),
     not the whole urllib3 chain; the chain itself when no cause is known."""
     return next((cause.lower() for cause in _CONNECTION_CAUSES if cause in text), text)
+
+
+def _socket_reason(error: BaseException) -> str:
+    """The root cause of an aiohttp connection error ("connection refused"),
+    as ``_connection_reason`` gives it for requests'."""
+    cause = getattr(error, "os_error", None) or error
+    number = getattr(cause, "errno", None)
+    if isinstance(number, int) and number > 0:
+        return _connection_reason(os.strerror(number))
+    text = str(error) or type(error).__name__
+    if isinstance(error, aiohttp.ServerDisconnectedError):
+        text = "Remote end closed connection without response"
+    return _connection_reason(text)
+
+
+def _error_detail(body: bytes) -> str:
+    """The message of a Redfish error answer, as sushy reads it (the most
+    severe ``@Message.ExtendedInfo`` entry, else ``error.message``); empty
+    when the answer has none."""
+    try:
+        error = json.loads(body.decode("utf-8")).get("error") or {}
+        info = error.get("@Message.ExtendedInfo") or []
+        if isinstance(info, dict):
+            info = [info]
+        for severity in ("Critical", "Warning"):
+            for entry in info:
+                if isinstance(entry, dict) and entry.get("Severity") == severity:
+                    return str(entry.get("Message") or "")
+        return str(error.get("message") or "")
+    except (ValueError, AttributeError, TypeError, RecursionError):
+        return ""
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -35,7 +35,7 @@ import enum
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -351,19 +351,41 @@ class BmcGuard:
         self, operation: str, fn: Callable[[], T], *, deadline: float | None = None
     ) -> T:
         """As ``_call`` (see there), measured: its time and whether it failed."""
+        return await self._measured(
+            operation, lambda timeout: self._attempt(operation, fn, timeout), deadline
+        )
+
+    async def call_async(
+        self, operation: str, read: Callable[[], Awaitable[T]], *, deadline: float | None = None
+    ) -> T:
+        """As ``call``, for a driver's read that runs on the event loop
+        (``read`` makes the coroutine, once per attempt): the same call
+        slots, retries, breakers and deadlines, with no worker thread."""
+        return await self._measured(
+            operation, lambda timeout: self._attempt_async(operation, read, timeout), deadline
+        )
+
+    async def _measured(
+        self, operation: str, attempt: Callable[[float], Awaitable[T]], deadline: float | None
+    ) -> T:
         started = time.monotonic()
         ok = False
         try:
-            result = await self._call(operation, fn, deadline=deadline)
+            result = await self._call(operation, attempt, deadline=deadline)
             ok = True
             return result
         finally:
             self._meter.bmc_call(self.protocol, operation, time.monotonic() - started, ok)
 
     async def _call(
-        self, operation: str, fn: Callable[[], T], *, deadline: float | None = None
+        self,
+        operation: str,
+        attempt: Callable[[float], Awaitable[T]],
+        *,
+        deadline: float | None = None,
     ) -> T:
-        """Run ``fn`` (blocking) in the executor with a hard deadline and retries.
+        """Make ``attempt``s (each given its timeout in seconds) with a hard
+        deadline and retries.
 
         ``deadline`` (clock.monotonic() value) bounds the whole call including
         retries, and so does the deadline of the request being served
@@ -388,7 +410,7 @@ class BmcGuard:
             if deadline is not None:
                 timeout = max(0.01, min(timeout, deadline - self.clock.monotonic()))
             try:
-                result = await self._attempt(operation, fn, timeout)
+                result = await attempt(timeout)
             except BmcBreakerOpen:
                 raise
             except TimeoutError as e:  # a driver's own timeout surfacing raw
@@ -504,6 +526,22 @@ class BmcGuard:
                 f"{max(0.0, deadline - slot.started_at):.2f}s of its {timeout:g}s to answer",
             )
         raise BmcTimeout(host=self.host, operation=operation, seconds=round(timeout, 2))
+
+    async def _attempt_async(
+        self, operation: str, read: Callable[[], Awaitable[T]], timeout: float
+    ) -> T:
+        """One try of a read on the event loop: a slot, then the read under a
+        hard deadline (a ``TimeoutError`` past it; the read is cancelled, so
+        nothing is left holding the slot)."""
+        await self._take_slot(operation, time.monotonic() + timeout, timeout)
+        slot = _Slot()
+        slot.started_at = time.monotonic()
+        self._slots.add(slot)
+        try:
+            async with asyncio.timeout(timeout):
+                return await read()
+        finally:
+            self._free(slot)
 
     def _submit(self, slot: _Slot, fn: Callable[[], T]) -> Future[T]:
         def run() -> T:

@@ -80,6 +80,11 @@ class Operation:
     primary: str  # the document a generic breakage replaces
     backend: str = "fake"
     setup: tuple[PayloadFault, ...] = ()  # documents the emulator lacks
+    label: str = ""  # its test ids, when not its name
+
+    @property
+    def ident(self) -> str:
+        return (self.label or self.name).replace(" ", "-")
 
 
 def _firmware_collection() -> PayloadFault:
@@ -95,6 +100,8 @@ def _firmware_collection() -> PayloadFault:
 
 
 POWER = Operation("power state", lambda b: b.power.state(), SYSTEM_DOC)
+# The periodic pass's reading (power sync): the same GET on the event loop.
+POLL = Operation("power state", lambda b: b.power.poll(), SYSTEM_DOC, label="power poll")
 SENSORS = Operation("sensors", lambda b: b.sensors.readings(), THERMAL)
 FIRMWARE = Operation(
     "firmware inventory",
@@ -106,7 +113,7 @@ BIOS_ATTRS = Operation("BIOS attributes", lambda b: b.bios.attributes(), BIOS, b
 BIOS_PENDING = Operation(
     "BIOS pending attributes", lambda b: b.bios.pending(), BIOS_SETTINGS, backend="libvirt"
 )
-OPERATIONS = (POWER, SENSORS, FIRMWARE, BIOS_ATTRS, BIOS_PENDING)
+OPERATIONS = (POWER, POLL, SENSORS, FIRMWARE, BIOS_ATTRS, BIOS_PENDING)
 # The other reads: the System document is the first thing each one reads.
 OTHER_READS = (
     Operation("get boot device", lambda b: b.boot.get(), SYSTEM_DOC),
@@ -277,11 +284,11 @@ def _cases() -> list[Any]:
         for kind, (make, fragment) in GENERIC.items():
             faults = (*op.setup, make(op.primary))
             # The fault for the primary document goes first: it wins.
-            cases.append(
-                pytest.param(op, faults[::-1], fragment, id=f"{op.name.replace(' ', '-')}-{kind}")
-            )
+            cases.append(pytest.param(op, faults[::-1], fragment, id=f"{op.ident}-{kind}"))
     for op, kind, faults, fragment in SPECIFIC:
-        cases.append(pytest.param(op, faults, fragment, id=f"{op.name.replace(' ', '-')}-{kind}"))
+        cases.append(pytest.param(op, faults, fragment, id=f"{op.ident}-{kind}"))
+        if op is POWER:
+            cases.append(pytest.param(POLL, faults, fragment, id=f"{POLL.ident}-{kind}"))
     return cases
 
 
@@ -363,9 +370,10 @@ async def test_every_read_turns_a_broken_system_document_into_a_bad_response(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", [POWER, POLL], ids=lambda op: op.ident)
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_huge_answer_is_refused_without_reading_it_all(
-    fake_emu: RedfishEmulator, credentials: BmcCredentials, chunked: bool
+    fake_emu: RedfishEmulator, credentials: BmcCredentials, chunked: bool, op: Operation
 ) -> None:
     fault = PayloadFault.huge(SYSTEM_DOC, HUGE, chunked=chunked)
     async with FaultProxy(("127.0.0.1", fake_emu.port), payload_faults=[fault]) as proxy:
@@ -375,7 +383,7 @@ async def test_huge_answer_is_refused_without_reading_it_all(
             started = time.monotonic()
             try:
                 with pytest.raises(BmcBadResponse, match="over the 16 MiB limit"):
-                    await bmc.power.state()
+                    await op.call(bmc)
                 _, peak = tracemalloc.get_traced_memory()
             finally:
                 tracemalloc.stop()
@@ -390,8 +398,9 @@ async def test_huge_answer_is_refused_without_reading_it_all(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", [POWER, POLL], ids=lambda op: op.ident)
 async def test_a_bmc_sending_only_bad_answers_is_failed_fast_after_the_threshold(
-    fake_emu: RedfishEmulator, credentials: BmcCredentials
+    fake_emu: RedfishEmulator, credentials: BmcCredentials, op: Operation
 ) -> None:
     fault = PayloadFault.json(SYSTEM_DOC, _system(PowerState=42))
     async with FaultProxy(("127.0.0.1", fake_emu.port), payload_faults=[fault]) as proxy:
@@ -399,19 +408,19 @@ async def test_a_bmc_sending_only_bad_answers_is_failed_fast_after_the_threshold
             bmc = pool.get("node-1", parse_bmc_url(_via(proxy)), credentials)
             for count in (1, 2):
                 with pytest.raises(BmcBadResponse):
-                    await bmc.power.state()
+                    await op.call(bmc)
                 assert (bmc.health.state, bmc.health.consecutive_failures) == ("degraded", count)
             with pytest.raises(BmcBadResponse):
-                await bmc.power.state()
+                await op.call(bmc)
             assert bmc.health.state == "unreachable"
             assert "PowerState is the number 42" in (bmc.health.last_error or "")
             seen = proxy.requests
             with pytest.raises(BmcBreakerOpen, match="PowerState is the number 42"):
-                await bmc.power.state()
+                await op.call(bmc)
             assert proxy.requests == seen  # failed fast
             proxy.payload_faults.clear()
             await asyncio.sleep(0.6)
-            assert await bmc.power.state() is PowerState.OFF  # the probe gets a good answer
+            assert await op.call(bmc) is PowerState.OFF  # the probe gets a good answer
             assert bmc.health.state == "ok"
 
 

@@ -1,0 +1,217 @@
+"""The periodic power reading on the event loop (``PowerControl.poll``).
+
+Power sync reads every BMC's power over and over; for Redfish that read is
+one GET made through the pool's aiohttp session (``bmc/redfish_http.py``)
+instead of sushy in a worker thread. Against sushy-tools' emulator (and a
+FaultProxy in front of it where an answer must go wrong), it must read what
+``state()`` and redfishtool read, and fail as ``state()`` fails: the same
+Kiln errors, the same guard (retries, breakers, health), no secret in any
+message. The broken-answer matrix runs it too (``test_broken_payloads.py``,
+the "power-poll" cases).
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import threading
+import time
+
+import pytest
+from bmc_peers import PASSWORD, USER, make_pool, redfishtool_power
+
+from controller.bmc import BmcCredentials, PowerAction, PowerState, TlsOptions, parse_bmc_url
+from controller.bmc.errors import BmcServerError, BmcTlsError
+from controller.bmc.gateway import PoolGateway
+from controller.core.errors import (
+    BmcAuthenticationFailed,
+    BmcUnreachable,
+    KilnError,
+    NotSupported,
+)
+from controller.core.model import BmcTarget
+from controller.sim.fault_proxy import FaultProxy, PayloadFault
+from controller.sim.redfish_emulator import RedfishEmulator, make_systems
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+
+
+async def test_poll_reads_what_state_and_redfishtool_read(
+    emulator: RedfishEmulator, credentials: BmcCredentials
+) -> None:
+    async with make_pool() as pool:
+        bmc = pool.get("n0", parse_bmc_url(emulator.system_url("node-00000")), credentials)
+        assert await bmc.power.poll() is PowerState.OFF
+        assert await bmc.power.state() is PowerState.OFF
+        await bmc.power.set(PowerAction.ON)
+        assert await bmc.power.poll() is PowerState.ON
+        assert await redfishtool_power(emulator, "node-00000", USER, PASSWORD) == "on"
+        await bmc.power.set(PowerAction.FORCE_OFF)
+        assert await bmc.power.poll() is PowerState.OFF
+        assert bmc.health.state == "ok"
+
+
+async def test_a_power_sync_pass_reads_redfish_without_worker_threads(
+    emulator: RedfishEmulator,
+) -> None:
+    """``PoolGateway.poll_power`` (the power sync's pass) reads every Redfish
+    BMC on the event loop: no call reaches the pool's Redfish threads."""
+    async with make_pool() as pool:
+        gateway = PoolGateway(pool)
+        targets = [
+            BmcTarget(
+                node=f"n{i}",
+                url=emulator.system_url(f"node-0000{i}"),
+                username=USER,
+                password=PASSWORD,
+            )
+            for i in range(4)
+        ]
+        polled = await gateway.poll_power(targets, 4)
+        assert polled == {f"n{i}": ("off", "ok") for i in range(4)}
+        assert pool.worker_stats()["redfish"].threads == 0  # no read went to a thread
+        await gateway.set_power(targets[2], "on")  # a change: sushy, in a thread
+        assert pool.worker_stats()["redfish"].threads >= 1
+        polled = await gateway.poll_power(targets, 4)
+        assert polled["n2"] == ("on", "ok")
+        assert [polled[f"n{i}"][0] for i in (0, 1, 3)] == ["off"] * 3
+
+
+async def test_wrong_password_is_refused_without_leaking_it_or_retrying(
+    emulator: RedfishEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    wrong = "Wr0ng-Pa55word-Zz"
+    caplog.set_level(logging.DEBUG)
+    async with FaultProxy(("127.0.0.1", emulator.port)) as proxy:
+        url = f"redfish+http://127.0.0.1:{proxy.port}/redfish/v1/Systems/node-00001"
+        async with make_pool() as pool:
+            bmc = pool.get("n1", parse_bmc_url(url), BmcCredentials(USER, wrong))
+            with pytest.raises(BmcAuthenticationFailed) as info:
+                await bmc.power.poll()
+            assert USER in str(info.value)
+            assert wrong not in str(info.value)
+            assert proxy.requests == 1  # not retried
+            assert bmc.health.state == "ok"  # the BMC answered
+    assert wrong not in caplog.text
+
+
+async def test_a_closed_port_is_unreachable_as_through_sushy(closed_port: int) -> None:
+    address = parse_bmc_url(f"redfish+http://127.0.0.1:{closed_port}/redfish/v1/Systems/x")
+    credentials = BmcCredentials(USER, PASSWORD)
+    async with make_pool(call_timeout=2.0) as pool:
+        bmc = pool.get("ghost", address, credentials)
+        started = time.monotonic()
+        with pytest.raises(BmcUnreachable) as polled:
+            await bmc.power.poll()
+        assert time.monotonic() - started < 3 * 2.0 + 1.0
+        assert bmc.health.state == "degraded"
+        assert bmc.health.consecutive_failures == 3  # retried as a transient failure
+    async with make_pool(call_timeout=2.0) as pool:  # a fresh address breaker
+        with pytest.raises(BmcUnreachable) as read:
+            await pool.get("ghost", address, credentials).power.state()
+    # The same words either way (the guard's breakers count them alike).
+    assert str(polled.value) == str(read.value)
+    assert "connection refused" in str(polled.value)
+
+
+async def test_tls_is_verified_against_the_ca_bundle(credentials: BmcCredentials) -> None:
+    async with RedfishEmulator(make_systems(1), tls=True, username=USER, password=PASSWORD) as emu:
+        address = parse_bmc_url(emu.system_url("node-00000"))
+        async with make_pool(call_timeout=5, retry=None) as pool:
+            trusted = pool.get("n", address, credentials, TlsOptions(ca_bundle=str(emu.cert_path)))
+            assert await trusted.power.poll() is PowerState.OFF
+            insecure = pool.get("n-insecure", address, credentials, TlsOptions(verify=False))
+            assert await insecure.power.poll() is PowerState.OFF
+            untrusted = pool.get("n-untrusted", address, BmcCredentials(USER, PASSWORD + "x"))
+            with pytest.raises(BmcTlsError, match="certificate verify failed"):
+                await untrusted.power.poll()
+            assert untrusted.health.state == "ok"  # configuration problem, not an outage
+
+
+async def test_error_answers_become_the_errors_sushy_reads_give(
+    emulator: RedfishEmulator, credentials: BmcCredentials
+) -> None:
+    """A 500 with a Redfish error message, and a system the BMC does not
+    have, fail as the same answers fail through sushy."""
+    message = {
+        "error": {
+            "code": "Base.1.0.InternalError",
+            "message": "generic",
+            "@Message.ExtendedInfo": [{"Message": "fan board offline", "Severity": "Critical"}],
+        }
+    }
+    fault = PayloadFault.json(r"/Systems/node-00001$", message, status=500)
+    async with FaultProxy(("127.0.0.1", emulator.port), payload_faults=[fault]) as proxy:
+        base = f"redfish+http://127.0.0.1:{proxy.port}/redfish/v1/Systems"
+        async with make_pool(breaker_threshold=50) as pool:
+            broken = pool.get("n1", parse_bmc_url(f"{base}/node-00001"), credentials)
+            with pytest.raises(BmcServerError) as polled:
+                await broken.power.poll()
+            with pytest.raises(BmcServerError) as read:
+                await broken.power.state()
+            assert str(polled.value) == str(read.value)
+            assert "fan board offline" in str(polled.value)
+            missing = pool.get("n9", parse_bmc_url(f"{base}/no-such-node"), credentials)
+            with pytest.raises(NotSupported):
+                await missing.power.poll()
+            assert missing.health.state == "ok"  # the BMC answered
+
+
+class _Proxy(http.server.BaseHTTPRequestHandler):
+    """A loopback HTTP proxy that answers 502 to everything, noting what it was asked."""
+
+    asked: list[str]
+
+    def do_GET(self) -> None:
+        self.asked.append(self.requestline)
+        self.send_response(502)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+async def test_the_environment_proxy_is_followed_unless_no_proxy_names_the_bmc(
+    emulator: RedfishEmulator, credentials: BmcCredentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    handler = type("Proxy", (_Proxy,), {"asked": asked})
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.server_address[1]}")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1")
+    try:
+        async with make_pool(call_timeout=5, retry=None) as pool:
+            direct = pool.get(
+                "direct", parse_bmc_url(emulator.system_url("node-00000")), credentials
+            )
+            assert await direct.power.poll() is PowerState.OFF
+            assert asked == []
+            for name in ("NO_PROXY", "no_proxy"):
+                monkeypatch.delenv(name)
+            proxied = pool.get(
+                "proxied", parse_bmc_url(emulator.system_url("node-00001")), credentials
+            )
+            with pytest.raises(KilnError):
+                await proxied.power.poll()
+            assert asked and asked[0].startswith(f"GET {emulator.base_url}/redfish/v1")
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+async def test_a_closed_pool_reads_no_more(
+    emulator: RedfishEmulator, credentials: BmcCredentials
+) -> None:
+    pool = make_pool()
+    bmc = pool.get("n0", parse_bmc_url(emulator.system_url("node-00000")), credentials)
+    assert await bmc.power.poll() is PowerState.OFF
+    await pool.close()
+    with pytest.raises(KilnError):
+        await bmc.power.poll()
