@@ -96,10 +96,20 @@ async def test_a_read_does_not_wait_behind_a_service_root_being_read(
 async def _lanes_while_in_flight(
     gateway: PoolGateway, pool: BmcPool, targets: list[BmcTarget]
 ) -> WorkerStats:
-    """Start a bulk read of ``targets`` (each answer held back by the proxy)
-    and return the worker pool's figures once every call is running or
-    queued and no more start; then let the reads finish."""
-    reading = asyncio.create_task(gateway.poll_power(targets, concurrency=len(targets)))
+    """Start reads of ``targets`` through the worker threads (each answer
+    held back by the proxy; power sync's own Redfish reads do not use the
+    threads, ``test_power_poll.py``, but the leak watcher's and every other
+    read do) and return the worker pool's figures once every call is
+    running or queued and no more start; then let the reads finish."""
+
+    async def read_all() -> dict[str, tuple[str, str]]:
+        states = await asyncio.gather(*(gateway.power_state(t) for t in targets))
+        return {
+            t.node: (state, gateway.health(t.node))
+            for t, state in zip(targets, states, strict=True)
+        }
+
+    reading = asyncio.create_task(read_all())
     seen: WorkerStats | None = None
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
