@@ -501,37 +501,29 @@ class RedfishDriver:
     @contextlib.contextmanager
     def _edge_http(self, operation: str, path: str) -> Iterator[None]:
         """As ``_edge``, for a read through ``RedfishHttp``: aiohttp's
-        failures, and answers Kiln cannot use, become the Kiln errors the
-        same failure raises through sushy."""
+        failures become the Kiln errors the same failure raises through
+        sushy, and ``_edge`` does the rest (answers Kiln cannot use)."""
         host = self._label
-        try:
-            yield
-        except (BmcError, NotSupported):
-            raise
-        except _BadAnswer as e:
-            raise self._bad(operation, e.reason) from None
-        except AnswerTooLarge as e:
-            where = _short(path, 100)
-            limit = _size(self._max_response_bytes)
-            reason = (
-                f"{where}: answer of {e.size} bytes is over the {limit} limit (not read)"
-                if e.declared
-                else f"{where}: answer is over the {limit} limit (stopped reading after "
-                f"{e.size} bytes)"
-            )
-            raise self._bad(operation, reason) from None
-        except aiohttp.ClientSSLError as e:
-            raise BmcTlsError(host=host, reason=_short(_tls_reason(str(e)))) from e
-        except TimeoutError as e:  # aiohttp's own (total or connect) timeout
-            raise BmcTimeout(host=host, operation=operation, seconds=self._timeout) from e
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
-            raise BmcUnreachable(host=host, reason=_short(_socket_reason(e))) from e
-        except aiohttp.ClientError as e:
-            raise BmcError(host=host, reason=f"{operation}: {self._text(str(e))}") from e
-        except RecursionError:
-            raise self._bad(operation, "nested too deeply to read") from None
-        except (ValueError, LookupError, TypeError, AttributeError, ArithmeticError) as e:
-            raise self._bad(operation, f"unexpected structure ({type(e).__name__}: {e})") from None
+        with self._edge(operation):
+            try:
+                yield
+            except AnswerTooLarge as e:
+                where = _short(path, 100)
+                limit = _size(self._max_response_bytes)
+                raise _BadAnswer(
+                    f"{where}: answer of {e.size} bytes is over the {limit} limit (not read)"
+                    if e.declared
+                    else f"{where}: answer is over the {limit} limit (stopped reading after "
+                    f"{e.size} bytes)"
+                ) from None
+            except aiohttp.ClientSSLError as e:
+                raise BmcTlsError(host=host, reason=_short(_tls_reason(str(e)))) from e
+            except TimeoutError as e:  # aiohttp's own (total or connect) timeout
+                raise BmcTimeout(host=host, operation=operation, seconds=self._timeout) from e
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
+                raise BmcUnreachable(host=host, reason=_short(_socket_reason(e))) from e
+            except aiohttp.ClientError as e:
+                raise BmcError(host=host, reason=f"{operation}: {self._text(str(e))}") from e
 
     def _answer_error(self, operation: str, status: int, body: bytes) -> Exception:
         """The Kiln error for an HTTP error answer, as ``_edge`` makes it of

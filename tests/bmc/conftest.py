@@ -59,6 +59,44 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _RefusingProxy(http.server.BaseHTTPRequestHandler):
+    """A loopback HTTP proxy that answers 502 to everything, noting what it was asked."""
+
+    asked: list[str]
+
+    def do_GET(self) -> None:
+        self.asked.append(self.requestline)
+        self.send_response(502)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_proxy_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """A refusing HTTP proxy named by ``HTTP_PROXY``, with ``NO_PROXY``
+    naming 127.0.0.1 (and no other proxy variable set); yields the request
+    lines it was asked."""
+    asked: list[str] = []
+    handler = type("Proxy", (_RefusingProxy,), {"asked": asked})
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.server_address[1]}")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1")
+    try:
+        yield asked
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
 @pytest.fixture
 def closed_port() -> int:
     """A loopback TCP port nothing listens on."""

@@ -12,9 +12,7 @@ the "power-poll" cases).
 
 from __future__ import annotations
 
-import http.server
 import logging
-import threading
 import time
 
 import pytest
@@ -157,53 +155,22 @@ async def test_error_answers_become_the_errors_sushy_reads_give(
             assert missing.health.state == "ok"  # the BMC answered
 
 
-class _Proxy(http.server.BaseHTTPRequestHandler):
-    """A loopback HTTP proxy that answers 502 to everything, noting what it was asked."""
-
-    asked: list[str]
-
-    def do_GET(self) -> None:
-        self.asked.append(self.requestline)
-        self.send_response(502)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 async def test_the_environment_proxy_is_followed_unless_no_proxy_names_the_bmc(
-    emulator: RedfishEmulator, credentials: BmcCredentials, monkeypatch: pytest.MonkeyPatch
+    emulator: RedfishEmulator,
+    credentials: BmcCredentials,
+    monkeypatch: pytest.MonkeyPatch,
+    http_proxy_env: list[str],
 ) -> None:
-    asked: list[str] = []
-    handler = type("Proxy", (_Proxy,), {"asked": asked})
-    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
-    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    for name in ("HTTP_PROXY", "http_proxy"):
-        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.server_address[1]}")
-    for name in ("NO_PROXY", "no_proxy"):
-        monkeypatch.setenv(name, "127.0.0.1")
-    try:
-        async with make_pool(call_timeout=5, retry=None) as pool:
-            direct = pool.get(
-                "direct", parse_bmc_url(emulator.system_url("node-00000")), credentials
-            )
-            assert await direct.power.poll() is PowerState.OFF
-            assert asked == []
-            for name in ("NO_PROXY", "no_proxy"):
-                monkeypatch.delenv(name)
-            proxied = pool.get(
-                "proxied", parse_bmc_url(emulator.system_url("node-00001")), credentials
-            )
-            with pytest.raises(KilnError):
-                await proxied.power.poll()
-            assert asked and asked[0].startswith(f"GET {emulator.base_url}/redfish/v1")
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+    async with make_pool(call_timeout=5, retry=None) as pool:
+        direct = pool.get("direct", parse_bmc_url(emulator.system_url("node-00000")), credentials)
+        assert await direct.power.poll() is PowerState.OFF
+        assert http_proxy_env == []
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name)
+        proxied = pool.get("proxied", parse_bmc_url(emulator.system_url("node-00001")), credentials)
+        with pytest.raises(KilnError):
+            await proxied.power.poll()
+        assert http_proxy_env[0].startswith(f"GET {emulator.base_url}/redfish/v1/Systems/")
 
 
 async def test_a_closed_pool_reads_no_more(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import http.server
 import logging
-import threading
 import time
 
 import pytest
@@ -129,60 +127,30 @@ async def test_unreachable_address_fails_within_timeout(
         assert bmc.health.state == "degraded"
 
 
-class _Proxy(http.server.BaseHTTPRequestHandler):
-    """A loopback HTTP proxy that answers 502 to everything, noting what it was asked."""
-
-    asked: list[str]
-
-    def do_GET(self) -> None:
-        self.asked.append(self.requestline)
-        self.send_response(502)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.mark.timeout(60)
 async def test_the_proxy_settings_of_the_environment_are_followed_read_once(
-    emulator: RedfishEmulator, credentials: BmcCredentials, monkeypatch: pytest.MonkeyPatch
+    emulator: RedfishEmulator,
+    credentials: BmcCredentials,
+    monkeypatch: pytest.MonkeyPatch,
+    http_proxy_env: list[str],
 ) -> None:
     """requests' environment look-up is done when a BMC's session is set up,
     not on every call (its CPU), by requests' own rules: a proxy is used
     unless NO_PROXY names the host."""
-    asked: list[str] = []
-    handler = type("Proxy", (_Proxy,), {"asked": asked})
-    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
-    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    for name in ("HTTP_PROXY", "http_proxy"):
-        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.server_address[1]}")
-    for name in ("NO_PROXY", "no_proxy"):
-        monkeypatch.setenv(name, "127.0.0.1")
-    try:
-        async with make_pool(call_timeout=5, retry=None) as pool:
-            # NO_PROXY names the BMC's host: straight to it.
-            direct = pool.get(
-                "direct", parse_bmc_url(emulator.system_url("node-00000")), credentials
-            )
-            assert await direct.power.state() is PowerState.OFF
-            assert asked == []
-            # Without NO_PROXY, a BMC set up now goes through the proxy ...
-            for name in ("NO_PROXY", "no_proxy"):
-                monkeypatch.delenv(name)
-            proxied = pool.get(
-                "proxied", parse_bmc_url(emulator.system_url("node-00001")), credentials
-            )
-            with pytest.raises(KilnError):
-                await proxied.power.state()
-            assert asked and asked[0].startswith(f"GET {emulator.base_url}/redfish/v1")
-            # ... while the one set up before keeps the route it was given.
-            asked.clear()
-            assert await direct.power.state() is PowerState.OFF
-            assert asked == []
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+    asked = http_proxy_env
+    async with make_pool(call_timeout=5, retry=None) as pool:
+        # NO_PROXY names the BMC's host: straight to it.
+        direct = pool.get("direct", parse_bmc_url(emulator.system_url("node-00000")), credentials)
+        assert await direct.power.state() is PowerState.OFF
+        assert asked == []
+        # Without NO_PROXY, a BMC set up now goes through the proxy ...
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name)
+        proxied = pool.get("proxied", parse_bmc_url(emulator.system_url("node-00001")), credentials)
+        with pytest.raises(KilnError):
+            await proxied.power.state()
+        assert asked and asked[0].startswith(f"GET {emulator.base_url}/redfish/v1")
+        # ... while the one set up before keeps the route it was given.
+        asked.clear()
+        assert await direct.power.state() is PowerState.OFF
+        assert asked == []
