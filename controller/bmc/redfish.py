@@ -384,6 +384,17 @@ class _Doc:
         return path.rstrip("/") or "/"
 
 
+def _power_of(system: _Doc) -> PowerState:
+    """A System document's ``PowerState``, checked."""
+    wire = system.text("PowerState", required=True)
+    state = POWER_STATES.get(wire or "")
+    if state is None:
+        raise system.bad(
+            "PowerState", f"{_quote(wire or '')} is not one of {', '.join(POWER_STATES)}"
+        )
+    return state
+
+
 def _status_health(doc: _Doc) -> Health:
     status = doc.obj("Status")
     return HEALTH.get(status.text("Health"), Health.UNKNOWN) if status else Health.UNKNOWN
@@ -694,14 +705,7 @@ class RedfishDriver:
     # --- power --------------------------------------------------------------
     def power_state(self) -> PowerState:
         with self._edge("power state"):
-            system = self._system_doc()
-            wire = system.text("PowerState", required=True)
-            state = POWER_STATES.get(wire or "")
-            if state is None:
-                raise system.bad(
-                    "PowerState", f"{_quote(wire or '')} is not one of {', '.join(POWER_STATES)}"
-                )
-            return state
+            return _power_of(self._system_doc())
 
     async def power_state_async(self, http: RedfishHttp) -> PowerState:
         """``power_state`` on the event loop, through ``http`` (the pool's
@@ -723,14 +727,7 @@ class RedfishDriver:
             where = _short(path, 100)
             if not 200 <= status < 300:
                 raise self._answer_error(operation, status, body)
-            system = _Doc(_decode_document(body, where), path)
-            wire = system.text("PowerState", required=True)
-            state = POWER_STATES.get(wire or "")
-            if state is None:
-                raise system.bad(
-                    "PowerState", f"{_quote(wire or '')} is not one of {', '.join(POWER_STATES)}"
-                )
-            return state
+            return _power_of(_Doc(_decode_document(body, where), path))
 
     def power_action(self, action: PowerAction) -> None:
         with self._edge(f"power {action.value}"):
