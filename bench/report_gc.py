@@ -74,7 +74,8 @@ def one_round(nodes: int, raw: bytes, store: SqlStore) -> dict[str, float]:
         gc.collect()
         held: dict[str, bytes] = {}
         for i in range(nodes):
-            held[f"node-{i:05d}"] = agent_pb2.AgentMessage.FromString(raw).health.SerializeToString()
+            message = agent_pb2.AgentMessage.FromString(raw)
+            held[f"node-{i:05d}"] = message.health.SerializeToString()
         figures["floor_young"] = _timed(lambda: gc.collect(0))
         figures["floor_middle"] = _timed(lambda: gc.collect(1))
         del held
