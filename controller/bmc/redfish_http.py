@@ -51,9 +51,12 @@ class RedfishHttp:
         session = self._session
         if session is None or session.closed:
             # No limit of its own: the callers bound their reads (run_bulk's
-            # concurrency, each BMC's call slots). Nothing from the
-            # environment: the driver passes what it read once.
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            # concurrency, each BMC's call slots). A connection is closed
+            # after its answer: a BMC is read again a pass later (a minute
+            # or more), past any keep-alive, and idle connections to
+            # thousands of BMCs would only hold file descriptors. Nothing
+            # from the environment: the driver passes what it read once.
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=True)
             session = self._session = aiohttp.ClientSession(
                 connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
             )

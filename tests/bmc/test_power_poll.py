@@ -12,6 +12,8 @@ the "power-poll" cases).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
 
@@ -182,3 +184,54 @@ async def test_a_closed_pool_reads_no_more(
     await pool.close()
     with pytest.raises(KilnError):
         await bmc.power.poll()
+
+
+async def test_a_read_leaves_no_connection_open_to_the_bmc() -> None:
+    """A BMC is read again a pass later, past any keep-alive: the read's
+    connection is closed after its answer, even where the BMC would keep it,
+    so a fleet's reads hold no idle sockets."""
+    open_now = served = 0
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now, served
+        open_now += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ")[1].decode()
+                body = json.dumps({"@odata.id": path, "PowerState": "On"}).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Connection: keep-alive\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                await writer.drain()
+                served += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            open_now -= 1
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with make_pool() as pool:
+            targets = [
+                BmcTarget(
+                    node=f"n{i}",
+                    url=f"redfish+http://127.0.0.1:{port}/redfish/v1/Systems/s{i}",
+                    username=USER,
+                    password=PASSWORD,
+                )
+                for i in range(5)
+            ]
+            polled = await PoolGateway(pool).poll_power(targets, 5)
+            assert set(polled.values()) == {("on", "ok")}
+            for _ in range(100):
+                if open_now == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert (served, open_now) == (5, 0)
+    finally:
+        server.close()
+        await server.wait_closed()
