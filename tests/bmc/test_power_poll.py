@@ -7,7 +7,8 @@ FaultProxy in front of it where an answer must go wrong), it must read what
 ``state()`` and redfishtool read, and fail as ``state()`` fails: the same
 Kiln errors, the same guard (retries, breakers, health), no secret in any
 message. The broken-answer matrix runs it too (``test_broken_payloads.py``,
-the "power-poll" cases).
+the "power-poll" cases), and so do the TLS and proxy tests of
+``test_redfish.py`` (their "poll" cases).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import time
 import pytest
 from bmc_peers import PASSWORD, USER, make_pool, redfishtool_power
 
-from controller.bmc import BmcCredentials, PowerAction, PowerState, TlsOptions, parse_bmc_url
-from controller.bmc.errors import BmcServerError, BmcTlsError
+from controller.bmc import BmcCredentials, PowerAction, PowerState, parse_bmc_url
+from controller.bmc.errors import BmcServerError
 from controller.bmc.gateway import PoolGateway
 from controller.core.errors import (
     BmcAuthenticationFailed,
@@ -31,7 +32,7 @@ from controller.core.errors import (
 )
 from controller.core.model import BmcTarget
 from controller.sim.fault_proxy import FaultProxy, PayloadFault
-from controller.sim.redfish_emulator import RedfishEmulator, make_systems
+from controller.sim.redfish_emulator import RedfishEmulator
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
@@ -114,20 +115,6 @@ async def test_a_closed_port_is_unreachable_as_through_sushy(closed_port: int) -
     assert "connection refused" in str(polled.value)
 
 
-async def test_tls_is_verified_against_the_ca_bundle(credentials: BmcCredentials) -> None:
-    async with RedfishEmulator(make_systems(1), tls=True, username=USER, password=PASSWORD) as emu:
-        address = parse_bmc_url(emu.system_url("node-00000"))
-        async with make_pool(call_timeout=5, retry=None) as pool:
-            trusted = pool.get("n", address, credentials, TlsOptions(ca_bundle=str(emu.cert_path)))
-            assert await trusted.power.poll() is PowerState.OFF
-            insecure = pool.get("n-insecure", address, credentials, TlsOptions(verify=False))
-            assert await insecure.power.poll() is PowerState.OFF
-            untrusted = pool.get("n-untrusted", address, BmcCredentials(USER, PASSWORD + "x"))
-            with pytest.raises(BmcTlsError, match="certificate verify failed"):
-                await untrusted.power.poll()
-            assert untrusted.health.state == "ok"  # configuration problem, not an outage
-
-
 async def test_error_answers_become_the_errors_sushy_reads_give(
     emulator: RedfishEmulator, credentials: BmcCredentials
 ) -> None:
@@ -155,24 +142,6 @@ async def test_error_answers_become_the_errors_sushy_reads_give(
             with pytest.raises(NotSupported):
                 await missing.power.poll()
             assert missing.health.state == "ok"  # the BMC answered
-
-
-async def test_the_environment_proxy_is_followed_unless_no_proxy_names_the_bmc(
-    emulator: RedfishEmulator,
-    credentials: BmcCredentials,
-    monkeypatch: pytest.MonkeyPatch,
-    http_proxy_env: list[str],
-) -> None:
-    async with make_pool(call_timeout=5, retry=None) as pool:
-        direct = pool.get("direct", parse_bmc_url(emulator.system_url("node-00000")), credentials)
-        assert await direct.power.poll() is PowerState.OFF
-        assert http_proxy_env == []
-        for name in ("NO_PROXY", "no_proxy"):
-            monkeypatch.delenv(name)
-        proxied = pool.get("proxied", parse_bmc_url(emulator.system_url("node-00001")), credentials)
-        with pytest.raises(KilnError):
-            await proxied.power.poll()
-        assert http_proxy_env[0].startswith(f"GET {emulator.base_url}/redfish/v1/Systems/")
 
 
 async def test_a_closed_pool_reads_no_more(

@@ -79,17 +79,23 @@ async def test_power_on_with_real_bmc_delay_is_polled_to_completion(
             assert await redfishtool_power(emu, "node-00000", USER, PASSWORD) == "on"
 
 
-async def test_tls_with_self_signed_certificate(credentials: BmcCredentials) -> None:
+@pytest.mark.parametrize("read", ["state", "poll"])
+async def test_tls_with_self_signed_certificate(credentials: BmcCredentials, read: str) -> None:
+    """Through sushy (``state``) and on the event loop (``poll``, power
+    sync's reading): the CA bundle trusted, verification off, and the
+    system's CAs refusing the self-signed certificate."""
     async with RedfishEmulator(make_systems(1), tls=True, username=USER, password=PASSWORD) as emu:
         address = parse_bmc_url(emu.system_url("node-00000"))
         assert address.scheme == "https"
         async with make_pool(call_timeout=5, retry=None) as pool:
             trusted = pool.get("n", address, credentials, TlsOptions(ca_bundle=str(emu.cert_path)))
-            assert await trusted.power.state() is PowerState.OFF
+            assert await getattr(trusted.power, read)() is PowerState.OFF
+            insecure = pool.get("n-insecure", address, credentials, TlsOptions(verify=False))
+            assert await getattr(insecure.power, read)() is PowerState.OFF
             untrusted = pool.get("n-untrusted", address, BmcCredentials(USER, PASSWORD + "x"))
             # Default verification against system CAs rejects the self-signed cert.
             with pytest.raises(BmcTlsError, match="certificate verify failed"):
-                await untrusted.power.state()
+                await getattr(untrusted.power, read)()
             assert untrusted.health.state == "ok"  # configuration problem, not an outage
 
 
@@ -128,29 +134,32 @@ async def test_unreachable_address_fails_within_timeout(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("read", ["state", "poll"])
 async def test_the_proxy_settings_of_the_environment_are_followed_read_once(
     emulator: RedfishEmulator,
     credentials: BmcCredentials,
     monkeypatch: pytest.MonkeyPatch,
     http_proxy_env: list[str],
+    read: str,
 ) -> None:
     """requests' environment look-up is done when a BMC's session is set up,
     not on every call (its CPU), by requests' own rules: a proxy is used
-    unless NO_PROXY names the host."""
+    unless NO_PROXY names the host. The same for the periodic reading made
+    on the event loop (``power.poll``), which takes its route from there."""
     asked = http_proxy_env
     async with make_pool(call_timeout=5, retry=None) as pool:
         # NO_PROXY names the BMC's host: straight to it.
         direct = pool.get("direct", parse_bmc_url(emulator.system_url("node-00000")), credentials)
-        assert await direct.power.state() is PowerState.OFF
+        assert await getattr(direct.power, read)() is PowerState.OFF
         assert asked == []
         # Without NO_PROXY, a BMC set up now goes through the proxy ...
         for name in ("NO_PROXY", "no_proxy"):
             monkeypatch.delenv(name)
         proxied = pool.get("proxied", parse_bmc_url(emulator.system_url("node-00001")), credentials)
         with pytest.raises(KilnError):
-            await proxied.power.state()
+            await getattr(proxied.power, read)()
         assert asked and asked[0].startswith(f"GET {emulator.base_url}/redfish/v1")
         # ... while the one set up before keeps the route it was given.
         asked.clear()
-        assert await direct.power.state() is PowerState.OFF
+        assert await getattr(direct.power, read)() is PowerState.OFF
         assert asked == []
