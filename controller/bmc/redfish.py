@@ -536,25 +536,6 @@ class RedfishDriver:
             except aiohttp.ClientError as e:
                 raise BmcError(host=host, reason=f"{operation}: {self._text(str(e))}") from e
 
-    def _answer_error(self, operation: str, status: int, body: bytes) -> Exception:
-        """The Kiln error for an HTTP error answer, as ``_edge`` makes it of
-        the sushy error the same answer raises there."""
-        host = self._label
-        if status == 401:
-            return BmcAuthenticationFailed(host=host, username=self._credentials.username)
-        if status == 403:
-            return BmcError(host=host, reason=f"{operation}: access denied (403)")
-        if status in (404, 405, 501):
-            return NotSupported(operation)
-        detail = _error_detail(body)
-        if status >= 500:
-            return BmcServerError(
-                host=host, status=status, reason=f"{operation}: {self._text(detail)}"
-            )
-        return BmcError(
-            host=host, reason=f"{operation}: HTTP {status} {self._text(detail, '')}".strip()
-        )
-
     def _route(self) -> tuple[str | None, bool | str]:
         """The proxy (None: direct) and ``verify`` for this BMC, from the
         environment, read once (as the sushy session's)."""
@@ -713,10 +694,11 @@ class RedfishDriver:
         of the answer and the same Kiln errors, without a worker thread."""
         operation = "power state"
         path = self._address.system_path
+        url = self._address.base_url + path
         with self._edge_http(operation, path):
             proxy, verify = self._route()
             status, body = await http.get(
-                self._address.base_url + path,
+                url,
                 headers=self._headers(),
                 tls=http.tls(verify),
                 proxy=proxy,
@@ -724,10 +706,10 @@ class RedfishDriver:
                 connect_timeout=min(self._timeout, 5.0),
                 limit=self._max_response_bytes,
             )
-            where = _short(path, 100)
-            if not 200 <= status < 300:
-                raise self._answer_error(operation, status, body)
-            return _power_of(_Doc(_decode_document(body, where), path))
+            # An error answer raises the sushy error the same answer raises
+            # through sushy's connector, for ``_edge`` to turn into Kiln's.
+            sushy_exc.raise_for_response("GET", url, _answer(status, body))
+            return _power_of(_Doc(_decode_document(body, _short(path, 100)), path))
 
     def power_action(self, action: PowerAction) -> None:
         with self._edge(f"power {action.value}"):
@@ -1126,6 +1108,15 @@ def _connection_reason(text: str) -> str:
     return next((cause.lower() for cause in _CONNECTION_CAUSES if cause in text), text)
 
 
+def _answer(status: int, body: bytes) -> Response:
+    """An answer read through ``RedfishHttp`` as requests' ``Response``,
+    which sushy's errors read their status and Redfish message from."""
+    response = Response()
+    response.status_code = status
+    response._content = body
+    return response
+
+
 def _socket_reason(error: BaseException) -> str:
     """The root cause of an aiohttp connection error ("connection refused"),
     as ``_connection_reason`` gives it for requests'."""
@@ -1137,24 +1128,6 @@ def _socket_reason(error: BaseException) -> str:
     if isinstance(error, aiohttp.ServerDisconnectedError):
         text = "Remote end closed connection without response"
     return _connection_reason(text)
-
-
-def _error_detail(body: bytes) -> str:
-    """The message of a Redfish error answer, as sushy reads it (the most
-    severe ``@Message.ExtendedInfo`` entry, else ``error.message``); empty
-    when the answer has none."""
-    try:
-        error = json.loads(body.decode("utf-8")).get("error") or {}
-        info = error.get("@Message.ExtendedInfo") or []
-        if isinstance(info, dict):
-            info = [info]
-        for severity in ("Critical", "Warning"):
-            for entry in info:
-                if isinstance(entry, dict) and entry.get("Severity") == severity:
-                    return str(entry.get("Message") or "")
-        return str(error.get("message") or "")
-    except (ValueError, AttributeError, TypeError, RecursionError):
-        return ""
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -49,7 +49,7 @@ class RedfishHttp:
         if self._closed:
             raise RuntimeError("the BMC pool's HTTP session is closed")
         session = self._session
-        if session is None or session.closed:
+        if session is None:
             # No limit of its own: the callers bound their reads (run_bulk's
             # concurrency, each BMC's call slots). A connection is closed
             # after its answer: a BMC is read again a pass later (a minute
