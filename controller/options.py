@@ -29,11 +29,12 @@ from typing import NoReturn
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from controller.api.keepalive import DEFAULT_KEEPALIVE_S
 from controller.api.limits import DEFAULT_MAX_STREAMS, DEFAULT_RATE
 from controller.bmc.image_check import MODES
 from controller.checks import Suite, load_default_suite, load_suite
 from controller.core.errors import InvalidArgument, KilnError
-from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE
+from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE, DEFAULT_POWER_SYNC_VOUCHED_EVERY
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.provisioning import ProvisionLimits
@@ -229,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
         "allows at this rate is read over a longer pass (default %(default)g)",
     )
     p.add_argument(
+        "--power-sync-vouched-every",
+        type=int,
+        default=DEFAULT_POWER_SYNC_VOUCHED_EVERY,
+        help="a node whose agent is connected, powered on as Kiln expects, has its BMC read "
+        "by power sync every N passes instead of every pass (default %(default)d; 1: every "
+        "BMC every pass)",
+    )
+    p.add_argument(
         "--bmc-readers",
         type=int,
         default=0,
@@ -251,6 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=15.0,
         help="seconds without an agent report before a powered-on node's "
         "BMC thermal sensors feed the health policies (default 15)",
+    )
+    p.add_argument(
+        "--agent-keepalive",
+        type=seconds,
+        default=DEFAULT_KEEPALIVE_S,
+        help="seconds between the gRPC pings on every connection (agents' and clients'); one "
+        "unanswered for 10 s is closed, so the agent of a node that lost power or its network "
+        "counts as gone within about this plus 10 s (default 30)",
     )
     p.add_argument(
         "--bmc-thermal-interval",
@@ -483,6 +500,12 @@ def parse(argv: list[str] | None = None) -> Options:
     _check_key_format(key_file)
     if args.bootstrap_token_file is not None:
         _check_writable_file("--bootstrap-token-file", args.bootstrap_token_file)
+    if args.power_sync_vouched_every < 1:
+        raise OptionError.value(
+            "--power-sync-vouched-every",
+            args.power_sync_vouched_every,
+            "must be 1 or more (1: every BMC every pass)",
+        )
     if args.bmc_readers < 0:
         raise OptionError.value("--bmc-readers", args.bmc_readers, "cannot be negative")
     if args.agent_relays < 0:
@@ -521,6 +544,7 @@ def parse(argv: list[str] | None = None) -> Options:
         mqtt_access=mqtt_access,
         power_sync_interval=args.power_sync_interval,
         power_sync_rate=args.power_sync_rate,
+        power_sync_vouched_every=args.power_sync_vouched_every,
         leak_interval=args.leak_interval,
         bmc_call_timeout=args.bmc_call_timeout,
         bmc_power_timeout=args.bmc_power_timeout,
@@ -528,6 +552,7 @@ def parse(argv: list[str] | None = None) -> Options:
         bmc_workers=args.bmc_workers,
         reconcile_interval=args.reconcile_interval,
         agent_silent_after=args.agent_silent_after,
+        agent_keepalive=args.agent_keepalive,
         bmc_thermal_interval=args.bmc_thermal_interval,
         prep_limits=PrepLimits(
             prepare_fleet=args.max_preparing,

@@ -39,6 +39,7 @@ from grpc_reflection.v1alpha import reflection
 from controller.api.agent_service import AgentService
 from controller.api.auth.interceptor import AuthInterceptor, on_loopback
 from controller.api.fleet_service import FleetService
+from controller.api.keepalive import DEFAULT_KEEPALIVE_S, keepalive_options
 from controller.api.limits import (
     DEFAULT_MAX_STREAMS,
     DEFAULT_RATE,
@@ -56,7 +57,7 @@ from controller.checks import Suite
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
-from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE
+from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE, DEFAULT_POWER_SYNC_VOUCHED_EVERY
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.provisioning import ProvisionLimits
@@ -233,6 +234,8 @@ class ControllerConfig:
     mqtt_access: BrokerAccess | None = None  # its credentials and TLS (None: anonymous, plain)
     power_sync_interval: float = 60.0
     power_sync_rate: float = DEFAULT_POWER_SYNC_RATE  # BMC reads a second at most (0: no cap)
+    # A node whose agent is connected has its BMC read every this many passes.
+    power_sync_vouched_every: int = DEFAULT_POWER_SYNC_VOUCHED_EVERY
     leak_interval: float = 5.0  # seconds between reads of every node's leak detectors
     # OS provisioning (docs/provisioning.md): the image catalogue (None: the
     # file images_file, or the packaged images/catalog.yaml), the image server
@@ -243,6 +246,9 @@ class ControllerConfig:
     image_verify: str = "fetch"  # or "sidecar": URL.sha256 on the image server
     provision_limits: ProvisionLimits = field(default_factory=ProvisionLimits)
     agent_silent_after: float = 15.0  # then the BMC's thermal sensors feed the policies
+    # Every connection pinged this often; one that does not answer is closed
+    # (api/keepalive.py): a node gone dark loses its agent's stream.
+    agent_keepalive: float = DEFAULT_KEEPALIVE_S
     bmc_thermal_interval: float = 10.0
     secret_key_file: Path | None = None  # None: secret.key in the state directory
     tls_cert: Path | None = None  # with tls_key: serve TLS instead of plaintext
@@ -409,6 +415,7 @@ class ControllerServer:
             rules=rules,
             power_sync_interval=cfg.power_sync_interval,
             power_sync_rate=cfg.power_sync_rate,
+            power_sync_vouched_every=cfg.power_sync_vouched_every,
             leak_interval=cfg.leak_interval,
             prep_limits=cfg.prep_limits,
             agent_silent_after=cfg.agent_silent_after,
@@ -474,6 +481,7 @@ class ControllerServer:
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                *keepalive_options(cfg.agent_keepalive),
                 # gRPC's own limit on calls waiting to be taken up (1,000,
                 # then it refuses them) is kept: a refused agent backs off and
                 # comes back. Raised to 100,000 it let 3,000 calls in at once,
@@ -521,6 +529,7 @@ class ControllerServer:
                 cfg.agent_listen,
                 self._relayed_handler,
                 tls_files=(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca),
+                keepalive=cfg.agent_keepalive,
             )
             await self.relays.start()
         for name in ("", *SERVICES):

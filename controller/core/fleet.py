@@ -64,7 +64,11 @@ from controller.core.paging import (
 )
 from controller.core.ports import BmcGateway, ImageVerifier, Store
 from controller.core.power_block import PowerBlockGate
-from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE, PowerSync
+from controller.core.power_sync import (
+    DEFAULT_POWER_SYNC_RATE,
+    DEFAULT_POWER_SYNC_VOUCHED_EVERY,
+    PowerSync,
+)
 from controller.core.preparation import Preparer, PrepLimits
 from controller.core.profiles import HealthGate, ProfileCatalog
 from controller.core.provisioning import (
@@ -125,6 +129,7 @@ class Fleet:
         rules: RuleSet | None = None,
         power_sync_interval: float = 60.0,
         power_sync_rate: float = DEFAULT_POWER_SYNC_RATE,
+        power_sync_vouched_every: int = DEFAULT_POWER_SYNC_VOUCHED_EVERY,
         prep_limits: PrepLimits | None = None,
         agent_silent_after: float = 15.0,
         bmc_thermal_interval: float = 10.0,
@@ -210,6 +215,8 @@ class Fleet:
             on_change=self.allocations.schedule_pass,  # a BMC answering again frees a node
             on_node_changed=self.lifecycle.poke,
             meter=self.meter,
+            agent_connected=self.agents.is_connected,
+            vouched_every=power_sync_vouched_every,
         )
         self.leaks = LeakWatcher(
             store, self.nodes, bmc, self.allocations.node_failed, interval=leak_interval

@@ -39,6 +39,13 @@ async def reconcile(fleet: Fleet, passes: int = 4) -> None:
         await fleet.lifecycle.settle()
 
 
+async def power_sync_cycle(fleet: Fleet) -> None:
+    """Power sync passes until every node's BMC was read at least once: a
+    node its agent vouches for is read on one pass of every ``vouched_every``."""
+    for _ in range(fleet.power_sync.vouched_every):
+        await fleet.power_sync.run_once()
+
+
 async def set_fields(fleet: Fleet, name: str, **fields: object) -> None:
     """Change a node's stored fields directly (what an operator or a BMC
     reading would change), in one transaction."""

@@ -151,7 +151,8 @@ async def test_power_sync_tells_once_per_change_and_an_unreadable_bmc_only_chang
     await racks.add(["n1", "n2"], rack="r1")
     alloc = await f.create_allocation("job", AllocationSpec(nodes=1))
     (held,) = alloc.nodes
-    bmc.power[held] = "off"  # someone pulled the plug behind Kiln's back
+    bmc.power[held] = "off"  # someone pulled the plug behind Kiln's back ...
+    f.agents.drop(held)  # ... and the node's agent went with its power
     assert await f.power_sync.run_once() == [held]
     assert await f.power_sync.run_once() == [held]  # still off: no second event
     drift = [e for e in await f.events.since(0) if e.kind == "node.drift"]
@@ -161,7 +162,8 @@ async def test_power_sync_tells_once_per_change_and_an_unreadable_bmc_only_chang
     assert (await f.get_node(held)).power == PowerState.OFF
 
     other = next(n for n in ("n1", "n2") if n != held)
-    bmc.unreachable.add(other)
+    bmc.unreachable.add(other)  # its agent still up: read every pass only with 1
+    f.power_sync.vouched_every = 1
     before = (await f.get_node(other)).power
     await f.power_sync.run_once()
     node = await f.get_node(other)
@@ -171,7 +173,7 @@ async def test_power_sync_tells_once_per_change_and_an_unreadable_bmc_only_chang
 async def test_power_sync_spreads_a_pass_and_a_fleet_beyond_its_rate_gets_a_longer_one(
     make_fleet: Callable[..., Fleet], bmc: FakeBmc, caplog: pytest.LogCaptureFixture
 ) -> None:
-    f = make_fleet(power_sync_interval=60.0, power_sync_rate=200.0)
+    f = make_fleet(power_sync_interval=60.0, power_sync_rate=200.0, power_sync_vouched_every=1)
     async with contextlib.AsyncExitStack() as stack:
         await Racks(f, stack).add(["n1", "n2", "n3"], rack="r1")
         await f.power_sync.run_once()
@@ -191,6 +193,75 @@ async def test_power_sync_spreads_a_pass_and_a_fleet_beyond_its_rate_gets_a_long
         await f.stop()
     with pytest.raises(ValueError, match="0 \\(no cap\\) or more"):
         make_fleet(power_sync_rate=-1.0)
+
+
+def bmc_reads(bmc: FakeBmc) -> list[str]:
+    """The nodes whose power the fake BMC was asked, since the last call."""
+    nodes = [node for node, op in bmc.calls if op == "status"]
+    bmc.calls.clear()
+    return nodes
+
+
+async def test_power_sync_reads_a_node_its_agent_vouches_for_every_fifth_pass(
+    fleet: tuple[Fleet, Racks], bmc: FakeBmc
+) -> None:
+    f, racks = fleet
+    names = [f"n{i:02d}" for i in range(20)]
+    await racks.add(names, rack="r1")
+    await reconcile(f)
+    assert f.power_sync.vouched_every == 5  # the default
+    await f.power_sync.run_once()  # every BMC answered once: health ok
+    bmc_reads(bmc)
+    per_node: dict[str, int] = dict.fromkeys(names, 0)
+    for _ in range(5):
+        await f.power_sync.run_once()
+        for node in bmc_reads(bmc):
+            per_node[node] += 1
+        assert f.power_sync.skipped > 0
+    # each read on its own pass of the five, not all of them on one
+    assert per_node == dict.fromkeys(names, 1)
+
+    # A node whose agent is gone is read every pass again ...
+    f.agents.drop("n03")
+    for _ in range(3):
+        await f.power_sync.run_once()
+        assert "n03" in bmc_reads(bmc)
+    # ... and so is one whose BMC did not answer, until it does.
+    bmc.unreachable.add("n04")
+    await f.power_sync.run_once()  # n04's turn may not be now: read it whenever it is
+    for _ in range(5):
+        await f.power_sync.run_once()
+    bmc_reads(bmc)
+    assert (await f.get_node("n04")).bmc_health != "ok"
+    await f.power_sync.run_once()
+    assert "n04" in bmc_reads(bmc)
+    bmc.unreachable.discard("n04")
+
+    # 1: every BMC every pass, agents or not.
+    f.power_sync.vouched_every = 1
+    await f.power_sync.run_once()
+    assert sorted(bmc_reads(bmc)) == names and f.power_sync.skipped == 0
+
+
+async def test_power_sync_reads_a_vouched_node_kiln_expects_off(
+    fleet: tuple[Fleet, Racks], bmc: FakeBmc
+) -> None:
+    f, racks = fleet
+    await racks.add(["n1", "n2"], rack="r1")
+    await reconcile(f)
+    await f.power_sync.run_once()
+    await f.power("n1", "off")  # Kiln powered it off: its agent has not gone yet
+    bmc_reads(bmc)
+    for _ in range(3):
+        await f.power_sync.run_once()
+        assert "n1" in bmc_reads(bmc)
+
+
+async def test_power_sync_refuses_reading_vouched_nodes_less_than_every_pass(
+    make_fleet: Callable[..., Fleet],
+) -> None:
+    with pytest.raises(ValueError, match="every 1 or more passes"):
+        make_fleet(power_sync_vouched_every=0)
 
 
 def test_power_sync_passes_begin_an_interval_apart_and_long_ones_a_quarter_apart() -> None:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from core_builders import Racks, reconcile, set_fields
+from core_builders import Racks, power_sync_cycle, reconcile, set_fields
 from core_fakes import FakeBmc
 
 from controller.core.fleet import Fleet
@@ -66,7 +66,9 @@ async def test_an_unreachable_bmc_holds_a_ready_node_back_until_it_answers_again
     f, racks = fleet
     await racks.add(["t1", "t2"], rack="r1")
     bmc.unreachable.add("t1")
-    await f.power_sync.run_once()
+    # Its agent vouches for its power: its BMC is read on its own pass of
+    # every ``vouched_every``, so the BMC's loss shows within that many.
+    await power_sync_cycle(f)
     node = await f.get_node("t1")
     assert node.bmc_health == "unreachable" and not node.schedulable
     assert await rack_ready(f) == 1
@@ -98,7 +100,7 @@ async def test_a_job_keeps_its_node_when_the_bmc_becomes_unreachable(
     assert job.state == AllocationState.READY
     held = job.nodes[0]
     bmc.unreachable.add(held)
-    await f.power_sync.run_once()
+    await power_sync_cycle(f)
     await f.allocations.schedule_pass()
     await reconcile(f)
     after = await f.get_allocation(job.id)
@@ -119,7 +121,7 @@ async def test_a_ready_node_its_bmc_reports_off_is_not_handed_out(
     f, racks = fleet
     await racks.add(["t1", "t2"], rack="r1")
     bmc.power["t1"] = "off"  # pulled behind Kiln's back; the agent has not noticed yet
-    await f.power_sync.run_once()
+    await power_sync_cycle(f)  # its turn comes within vouched_every passes
     node = await f.get_node("t1")
     assert node.state == NodeState.READY and node.power == PowerState.OFF
     assert not node.schedulable and await rack_ready(f) == 1

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from controller.api.keepalive import DEFAULT_KEEPALIVE_S
 from controller.api.relay import frames
 from controller.api.relay.frames import FrameWriter
 from controller.api.relay.relayed import HandlerFor, RelayedCalls
@@ -41,6 +42,7 @@ class AgentRelays:
         handler_for: HandlerFor,
         *,
         tls_files: Sequence[Path | None] = (None, None, None),
+        keepalive: float = DEFAULT_KEEPALIVE_S,
     ) -> None:
         if count < 1:
             raise InvalidArgument("--agent-relays must be at least 1")
@@ -54,6 +56,7 @@ class AgentRelays:
         self.listen = listen
         self._handler_for = handler_for
         self._tls_files = tuple(tls_files)
+        self.keepalive = keepalive
         self._processes: dict[int, asyncio.subprocess.Process] = {}
         self._calls: dict[int, RelayedCalls] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -125,7 +128,7 @@ class AgentRelays:
             await pause.wait(f"agent relay worker {slot}")
 
     async def _run_one(self, slot: int, ready: asyncio.Future[None]) -> None:
-        args = ["--listen", self.listen]
+        args = ["--listen", self.listen, "--keepalive", repr(self.keepalive)]
         flags = ("--tls-cert", "--tls-key", "--tls-client-ca")
         for flag, path in zip(flags, self._tls_files, strict=True):
             if path is not None:

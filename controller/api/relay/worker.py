@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from controller.api.keepalive import DEFAULT_KEEPALIVE_S, keepalive_options
 from controller.api.limits import MAX_RECEIVE_BYTES
 from controller.api.relay import frames
 from controller.api.relay.frames import FrameWriter
@@ -209,6 +210,7 @@ async def serve(args: argparse.Namespace) -> int:
         options=[
             ("grpc.so_reuseport", 1),  # the workers share the port
             ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            *keepalive_options(args.keepalive),
         ]
     )
     server.add_generic_rpc_handlers((relay,))
@@ -256,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--listen", required=True)
     parser.add_argument("--link-fd", type=int, required=True)
+    parser.add_argument("--keepalive", type=float, default=DEFAULT_KEEPALIVE_S)
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)
     parser.add_argument("--tls-client-ca", type=Path)
