@@ -66,6 +66,20 @@ paging ~10 s, the storm of 25,000 agents about 1.5 minutes, idle 50 s
 All the nodes' BMCs share one refusing address, so after a few refused
 calls that address's breaker fails every node's BMC call fast: the BMCs
 cost next to nothing here, as intended.
+
+``--bmc responder`` puts the benchmark's stand-in Redfish responder
+(``fleet_load.py``, in a process of its own, its CPU not counted) on that
+address instead: every power read answers On, no chassis shows leak
+detectors. Power sync then runs every minute (``--power-sync-interval``)
+and the idle figure includes the BMC reads a quiet, connected fleet still
+costs: power sync's (a node its connected agent vouches for is read every
+``--power-sync-vouched-every`` passes, the others every pass) and the leak
+watcher's (its first pass over every BMC, then its rediscovery reads). The
+idle window then wants a longer ``--idle-settle`` (240 s: past the first
+power sync pass, which begins a minute after start and reads every BMC
+whose agent was not back yet). The line says how many power reads a
+second the BMCs answered in the window; with ``--bmc-readers N`` the
+readers' CPU is in the figure (the controller's own process is said apart).
 """
 
 from __future__ import annotations
@@ -87,7 +101,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kiln_process import Controller, StoreWriter, interrupt_on_sigterm, pct, raise_fd_limit
+from kiln_process import (
+    Controller,
+    StoreWriter,
+    interrupt_on_sigterm,
+    pct,
+    raise_fd_limit,
+    tree_cpu_seconds,
+)
 
 DAY = 86400.0
 HGX_RACK, NVL_RACK = 8, 18  # nodes per rack
@@ -459,17 +480,22 @@ def refused_port() -> int:
         return int(s.getsockname()[1])
 
 
-def prepare_store(args: argparse.Namespace, workdir: Path, shape: list[NodeShape]) -> Path:
-    """A state directory holding the built store: fresh, or a copy of ``--reuse``'s."""
+def prepare_store(
+    args: argparse.Namespace, workdir: Path, shape: list[NodeShape]
+) -> tuple[Path, int]:
+    """A state directory holding the built store: fresh, or a copy of
+    ``--reuse``'s; and the loopback port its BMC URLs name."""
     meta = {"nodes": args.nodes, "events": args.events, "version": 1}
     source = args.reuse or workdir / "built"
     stamp = source / "bench-store.json"
-    if not (stamp.exists() and json.loads(stamp.read_text()) == meta):
+    built = json.loads(stamp.read_text()) if stamp.exists() else {}
+    if {k: built.get(k) for k in meta} != meta or "bmc_port" not in built:
         shutil.rmtree(source, ignore_errors=True)
         source.mkdir(parents=True)
         t0 = time.monotonic()
-        build_store(source, shape, args.events, refused_port())
-        stamp.write_text(json.dumps(meta))
+        built = {**meta, "bmc_port": refused_port()}
+        build_store(source, shape, args.events, built["bmc_port"])
+        stamp.write_text(json.dumps(built))
         size = sum(f.stat().st_size for f in source.glob("kiln.db*")) / 2**20
         print(
             f"  store built with the controller's store code (SqlTx repositories, 1000 nodes "
@@ -480,7 +506,7 @@ def prepare_store(args: argparse.Namespace, workdir: Path, shape: list[NodeShape
         print(f"  store reused from {source} ({args.nodes} nodes, {args.events} events)")
     state = workdir / "state"
     shutil.copytree(source, state, ignore=shutil.ignore_patterns("bench-store.json"))
-    return state
+    return state, int(built["bmc_port"])
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> int:
@@ -495,11 +521,18 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         f"{agents} agents reconnecting at once ({args.generators} generator processes, "
         f"{args.channels} channels each)"
     )
-    state = prepare_store(args, workdir, shape)
-    ctl = Controller(state, workdir / "controller.log", ["--power-sync-interval", "3600"])
+    state, bmc_port = prepare_store(args, workdir, shape)
+    options = ["--power-sync-interval", str(args.power_sync_interval)]
+    if args.bmc_readers:
+        options += ["--bmc-readers", str(args.bmc_readers)]
+    if args.vouched_every:
+        options += ["--power-sync-vouched-every", str(args.vouched_every)]
+    ctl = Controller(state, workdir / "controller.log", options)
     gens: list[Generator] = []
     probes: list[Any] = []
+    bmcs = Bmcs(args.bmc, bmc_port)
     try:
+        bmcs.start()
         ctl.start()
         serving = await asyncio.to_thread(ctl.wait_serving, 120)
         options = [("grpc.max_receive_message_length", 64 << 20)]
@@ -550,7 +583,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
                 f"  after the storm: all {settled[3]} nodes paged in {settled[1]:.2f}s, "
                 f"{settled[4]} with an agent connected"
             )
-            idle = await idle_phase(args, ctl, sum(s.state == "ready" for s in shape))
+            idle = await idle_phase(args, ctl, bmcs, sum(s.state == "ready" for s in shape))
         t0 = time.monotonic()
         code = ctl.stop(timeout=30)
         stop_s = time.monotonic() - t0
@@ -578,6 +611,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         for call in probes:
             call.cancel()
         ctl.stop()
+        bmcs.stop()
         for g in gens:
             with contextlib.suppress(Exception):
                 g.send("close")
@@ -678,21 +712,77 @@ async def storm_phase(
     )
 
 
-async def idle_phase(args: argparse.Namespace, ctl: Controller, ready: int) -> float:
-    """The controller's CPU with the fleet quiet: every stream open, nothing
-    sent, nothing asked (after ``--idle-settle`` seconds for the storm's
-    aftermath). Returns cores."""
+async def idle_phase(args: argparse.Namespace, ctl: Controller, bmcs: Bmcs, ready: int) -> float:
+    """The controller's CPU (its BMC readers' included) with the fleet quiet:
+    every stream open, nothing sent, nothing asked (after ``--idle-settle``
+    seconds for the storm's aftermath). Returns cores."""
     await asyncio.sleep(args.idle_settle)
-    c0, t0 = cpu(ctl.pid), time.monotonic()
+    c0, own0, t0 = tree_cpu_seconds(ctl.pid), cpu(ctl.pid), time.monotonic()
+    served0 = bmcs.served()
     await asyncio.sleep(args.idle_seconds)
-    cores = (cpu(ctl.pid) - c0) / (time.monotonic() - t0)
+    took = time.monotonic() - t0
+    cores = (tree_cpu_seconds(ctl.pid) - c0) / took
+    own = (cpu(ctl.pid) - own0) / took
+    reads = (bmcs.served() - served0) / took
     print(
         f"  idle: {args.nodes} nodes ({ready} ready), every agent stream open and quiet, "
-        f"nothing asked: {cores * 100:.1f} % of a core over {args.idle_seconds:.0f}s, "
+        f"nothing asked: {cores * 100:.1f} % of a core over {args.idle_seconds:.0f}s "
+        f"(the controller's own process {own * 100:.1f} %), "
         f"{args.idle_settle:.0f}s after the storm (target < 5 %: "
-        f"{'MET' if cores < 0.05 else 'MISSED'})"
+        f"{'MET' if cores < 0.05 else 'MISSED'}); "
+        + (
+            f"the BMCs answered {reads:.1f} power reads a second"
+            if args.bmc == "responder"
+            else "every BMC refuses connections"
+        )
     )
     return cores
+
+
+class Bmcs:
+    """The nodes' BMCs: one loopback port that refuses connections, or the
+    benchmark's stand-in Redfish responder there (``fleet_load.py``: every
+    system on, no leak detectors), counting the System reads it served."""
+
+    def __init__(self, kind: str, port: int) -> None:
+        self.kind = kind
+        self.port = port
+        self._conn: Any = None
+        self._proc: Any = None
+
+    def start(self) -> None:
+        if self.kind != "responder":
+            return
+        import multiprocessing
+
+        from fleet_load import responder_main
+
+        self._conn, theirs = multiprocessing.Pipe()
+        self._proc = multiprocessing.Process(
+            target=responder_main, args=(theirs, self.port), daemon=True
+        )
+        self._proc.start()
+        if not self._conn.poll(30) or self._conn.recv() != "ready":
+            raise RuntimeError(
+                f"the BMC responder could not serve port {self.port} (the store's BMC "
+                f"URLs name it): run without --reuse to build a store on a free port"
+            )
+
+    def served(self) -> int:
+        """System documents served so far (0 for refusing BMCs)."""
+        if self._conn is None:
+            return 0
+        self._conn.send(("count",))
+        return int(self._conn.recv().get("system", 0))
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self._conn.send(("quit",))
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc = None
 
 
 def storm_size(gens: list[Generator]) -> int:
@@ -719,6 +809,28 @@ def main() -> int:
     parser.add_argument("--storm-timeout", type=float, default=900.0)
     parser.add_argument("--idle-settle", type=float, default=20.0, help="s after the storm")
     parser.add_argument("--idle-seconds", type=float, default=30.0, help="s of idle measured")
+    parser.add_argument(
+        "--bmc",
+        choices=("refusing", "responder"),
+        default="refusing",
+        help="the nodes' BMCs: one loopback port refusing connections (default), or a "
+        "stand-in Redfish responder answering every power read (then power sync runs "
+        "every minute and the idle figure includes its reads)",
+    )
+    parser.add_argument(
+        "--power-sync-interval",
+        type=float,
+        default=0.0,
+        help="the controller's --power-sync-interval (0: 3600 with refusing BMCs, so no "
+        "pass falls in the windows; 60, the default, with the responder)",
+    )
+    parser.add_argument("--bmc-readers", type=int, default=0, help="the controller's")
+    parser.add_argument(
+        "--vouched-every",
+        type=int,
+        default=0,
+        help="the controller's --power-sync-vouched-every (0: its default)",
+    )
     parser.add_argument("--reuse", type=Path, help="keep the built store here and reuse it")
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it")
     parser.add_argument("--generate", nargs=2, help=argparse.SUPPRESS)
@@ -731,6 +843,8 @@ def main() -> int:
     interrupt_on_sigterm()
     if args.quick:
         args.nodes, args.events = 2500, 10000
+    if not args.power_sync_interval:
+        args.power_sync_interval = 60.0 if args.bmc == "responder" else 3600.0
     if args.keep:
         shutil.rmtree(args.keep / "state", ignore_errors=True)
         args.keep.mkdir(parents=True, exist_ok=True)
