@@ -241,6 +241,19 @@ def force_off_behind_kilns_back(fleet: SimFleet, name: str) -> None:
         assert resp.status in (200, 202, 204)
 
 
+async def pull_the_plug(harness: Harness, name: str) -> None:
+    """Power the node off at its BMC behind Kiln's back, and wait for its
+    agent to go with its power (on metal: its stream ends within the
+    keepalive). Until then the agent vouches for the node, and power sync
+    may leave its BMC for a later pass."""
+    assert harness.server.fleet is not None
+    hub = harness.server.fleet.agents
+    gone = asyncio.Event()
+    hub.watch(lambda node: gone.set() if node == name and not hub.is_connected(node) else None)
+    await asyncio.to_thread(force_off_behind_kilns_back, harness.fleet, name)
+    await asyncio.wait_for(gone.wait(), 30)
+
+
 async def test_power_sync_notices_a_node_powered_off_outside_kiln(harness: Harness) -> None:
     nodes = await harness.wait_all_ready()
     assert all(n.bmc_health == "ok" for n in nodes)
@@ -250,8 +263,8 @@ async def test_power_sync_notices_a_node_powered_off_outside_kiln(harness: Harne
         )
     )
     victim = alloc.nodes[0]
-    await asyncio.to_thread(force_off_behind_kilns_back, harness.fleet, victim)
     assert harness.server.fleet is not None
+    await pull_the_plug(harness, victim)
     drifted = await harness.server.fleet.power_sync.run_once()
     assert drifted == [victim]
     node = await harness.stub.GetNode(fleet_pb2.GetNodeRequest(name=victim))
@@ -289,7 +302,7 @@ async def test_with_bmc_readers_the_power_sync_and_leak_reads_go_to_them(
             )
         )
         victim = alloc.nodes[0]
-        await asyncio.to_thread(force_off_behind_kilns_back, harness.fleet, victim)
+        await pull_the_plug(harness, victim)
         sent = server.bmc_readers.calls
         assert await server.fleet.power_sync.run_once() == [victim]
         assert server.bmc_readers.calls == sent + 1, "the pass was read by the reader"
