@@ -707,8 +707,10 @@ class RedfishDriver:
                 limit=self._max_response_bytes,
             )
             # An error answer raises the sushy error the same answer raises
-            # through sushy's connector, for ``_edge`` to turn into Kiln's.
-            sushy_exc.raise_for_response("GET", url, _answer(status, body))
+            # through sushy's connector, for ``_edge`` to turn into Kiln's
+            # (the requests Response it reads is made only for those).
+            if status >= 400:
+                sushy_exc.raise_for_response("GET", url, _answer(status, body))
             return _power_of(_Doc(_decode_document(body, _short(path, 100)), path))
 
     def power_action(self, action: PowerAction) -> None:
