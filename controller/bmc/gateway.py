@@ -138,7 +138,7 @@ class PoolGateway:
 
     async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
         """The node's leak detectors (see ``controller.core.ports.BmcGateway``)."""
-        return [leak_reading(r) for r in await self._bmc(target).leaks.readings()]
+        return [leak_reading(r) for r in await self._bmc(target).leaks.poll()]
 
     async def firmware_versions(self, target: BmcTarget) -> dict[str, str]:
         versions: dict[str, str] = {}

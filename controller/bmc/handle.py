@@ -323,12 +323,31 @@ class LeakDetectionReader(_Capability):
 
     A driver whose protocol has no leak detectors (``supports_leak_detection
     = False``) answers NotSupported at once, without taking a call slot.
+    The leak watcher reads every BMC over and over: ``poll`` reads on the
+    event loop where the driver can (Redfish, through the pool's
+    ``RedfishHttp``), as power sync's ``PowerControl.poll``, behind the same
+    guard; ``readings`` reads in the pool's threads.
     """
+
+    def __init__(self, driver: Driver, guard: BmcGuard, *, http: RedfishHttp | None = None):
+        super().__init__(driver, guard)
+        self._http = http
 
     async def readings(self) -> list[LeakDetectorReading]:
         if not getattr(self._driver, "supports_leak_detection", True):
             raise NotSupported("leak detection")
         return await self._read("leak detectors", self._driver.leak_detectors)
+
+    async def poll(self) -> list[LeakDetectorReading]:
+        """``readings``, read for the leak watcher's passes: on the event
+        loop where the driver can read there, else as ``readings``."""
+        read = getattr(self._driver, "leak_detectors_async", None)
+        http = self._http
+        if read is None or http is None:
+            return await self.readings()
+        if not getattr(self._driver, "supports_leak_detection", True):
+            raise NotSupported("leak detection")
+        return await self._guard.call_async("leak detectors", lambda: read(http))
 
 
 class InventoryReader(_Capability):
@@ -366,7 +385,7 @@ class Bmc:
         self.bios = BiosControl(driver, guard)
         self.firmware = FirmwareControl(driver, guard)
         self.sensors = SensorsReader(driver, guard)
-        self.leaks = LeakDetectionReader(driver, guard)
+        self.leaks = LeakDetectionReader(driver, guard, http=http)
         self.inventory = InventoryReader(driver, guard)
         self.log = EventLogReader(driver, guard)
         self._guard = guard

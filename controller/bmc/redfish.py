@@ -50,9 +50,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import requests
@@ -384,6 +384,27 @@ class _Doc:
         return path.rstrip("/") or "/"
 
 
+T = TypeVar("T")
+# A read of several documents written once for both ways of reading them:
+# a generator that yields each path it wants, is sent its document (or
+# thrown the error its read raised) and returns its result
+# (``RedfishDriver._walk`` on sushy, ``_walk_async`` on aiohttp).
+_Walk = Generator[str, _Doc, T]
+
+
+def _unless_absent(path: str | None) -> _Walk[_Doc | None]:
+    """A resource this BMC may lack: None when absent (404, 405, 501)."""
+    if path is None:
+        return None
+    try:
+        doc: _Doc = yield path
+    except sushy_exc.HTTPError as e:
+        if e.status_code in (404, 405, 501):
+            return None
+        raise
+    return doc
+
+
 def _power_of(system: _Doc) -> PowerState:
     """A System document's ``PowerState``, checked."""
     wire = system.text("PowerState", required=True)
@@ -510,23 +531,14 @@ class RedfishDriver:
             ) from e
 
     @contextlib.contextmanager
-    def _edge_http(self, operation: str, path: str) -> Iterator[None]:
-        """As ``_edge``, for a read through ``RedfishHttp``: aiohttp's
+    def _edge_http(self, operation: str) -> Iterator[None]:
+        """As ``_edge``, for reads through ``RedfishHttp``: aiohttp's
         failures become the Kiln errors the same failure raises through
         sushy, and ``_edge`` does the rest (answers Kiln cannot use)."""
         host = self._label
         with self._edge(operation):
             try:
                 yield
-            except AnswerTooLarge as e:
-                where = _short(path, 100)
-                limit = _size(self._max_response_bytes)
-                raise _BadAnswer(
-                    f"{where}: answer of {e.size} bytes is over the {limit} limit (not read)"
-                    if e.declared
-                    else f"{where}: answer is over the {limit} limit (stopped reading after "
-                    f"{e.size} bytes)"
-                ) from None
             except aiohttp.ClientSSLError as e:
                 raise BmcTlsError(host=host, reason=_short(_tls_reason(str(e)))) from e
             except TimeoutError as e:  # aiohttp's own (total or connect) timeout
@@ -641,14 +653,7 @@ class RedfishDriver:
 
     def _get_unless_absent(self, path: str | None) -> _Doc | None:
         """A resource this BMC may lack: None when absent (404, 405, 501)."""
-        if path is None:
-            return None
-        try:
-            return self._get(path)
-        except sushy_exc.HTTPError as e:
-            if e.status_code in (404, 405, 501):
-                return None
-            raise
+        return self._walk(_unless_absent(path))
 
     def _system_doc(self) -> _Doc:
         return self._get(self._address.system_path)
@@ -692,11 +697,16 @@ class RedfishDriver:
         """``power_state`` on the event loop, through ``http`` (the pool's
         aiohttp session, ``redfish_http.py``): the same GET, the same checks
         of the answer and the same Kiln errors, without a worker thread."""
-        operation = "power state"
-        path = self._address.system_path
+        with self._edge_http("power state"):
+            return _power_of(await self._get_async(http, self._address.system_path))
+
+    async def _get_async(self, http: RedfishHttp, path: str) -> _Doc:
+        """``_get`` through ``http`` (the pool's aiohttp session): the same
+        answer checks and the same sushy errors for an error answer, which
+        ``_edge`` (under ``_edge_http``) turns into Kiln's."""
         url = self._address.base_url + path
-        with self._edge_http(operation, path):
-            proxy, verify = self._route()
+        proxy, verify = self._route()
+        try:
             status, body = await http.get(
                 url,
                 headers=self._headers(),
@@ -706,12 +716,51 @@ class RedfishDriver:
                 connect_timeout=min(self._timeout, 5.0),
                 limit=self._max_response_bytes,
             )
-            # An error answer raises the sushy error the same answer raises
-            # through sushy's connector, for ``_edge`` to turn into Kiln's
-            # (the requests Response it reads is made only for those).
-            if status >= 400:
-                sushy_exc.raise_for_response("GET", url, _answer(status, body))
-            return _power_of(_Doc(_decode_document(body, _short(path, 100)), path))
+        except AnswerTooLarge as e:  # as the capped adapter words it for sushy
+            where = _short(path, 100)
+            limit = _size(self._max_response_bytes)
+            raise _BadAnswer(
+                f"{where}: answer of {e.size} bytes is over the {limit} limit (not read)"
+                if e.declared
+                else f"{where}: answer is over the {limit} limit (stopped reading after "
+                f"{e.size} bytes)"
+            ) from None
+        # An error answer raises the sushy error the same answer raises
+        # through sushy's connector (the requests Response it reads is made
+        # only for those).
+        if status >= 400:
+            sushy_exc.raise_for_response("GET", url, _answer(status, body))
+        return _Doc(_decode_document(body, _short(path, 100)), path)
+
+    def _walk(self, walk: _Walk[T]) -> T:
+        """Run a read written as a walk (``_leak_walk``) on sushy's session:
+        each path it yields is read with ``_get`` and sent back, or the
+        error the read raised is thrown in where it asked."""
+        try:
+            path = next(walk)
+            while True:
+                try:
+                    doc = self._get(path)
+                except Exception as e:
+                    path = walk.throw(e)
+                else:
+                    path = walk.send(doc)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def _walk_async(self, http: RedfishHttp, walk: _Walk[T]) -> T:
+        """``_walk`` on the event loop, each read through ``http``."""
+        try:
+            path = next(walk)
+            while True:
+                try:
+                    doc = await self._get_async(http, path)
+                except Exception as e:
+                    path = walk.throw(e)
+                else:
+                    path = walk.send(doc)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     def power_action(self, action: PowerAction) -> None:
         with self._edge(f"power {action.value}"):
@@ -930,14 +979,25 @@ class RedfishDriver:
         comes back with ``problem`` set, so the others still count.
         """
         with self._edge("leak detectors"):
-            try:
-                return self._read_leak_detectors(self._leak_collections())
-            except sushy_exc.ResourceNotFoundError:
-                # A collection found earlier is gone (the BMC was reconfigured): look again.
-                self._leak_paths = None
-                return self._read_leak_detectors(self._leak_collections())
+            return self._walk(self._leak_walk())
 
-    def _leak_collections(self) -> tuple[str, ...]:
+    async def leak_detectors_async(self, http: RedfishHttp) -> list[LeakDetectorReading]:
+        """``leak_detectors`` on the event loop, each GET through ``http``
+        (the pool's aiohttp session): the same walk, checks and errors."""
+        with self._edge_http("leak detectors"):
+            return await self._walk_async(http, self._leak_walk())
+
+    def _leak_walk(self) -> _Walk[list[LeakDetectorReading]]:
+        """The leak read as a walk: it yields each path to read and is sent
+        its document (or thrown the read's error), whoever does the I/O."""
+        try:
+            return (yield from self._leak_read((yield from self._leak_collections())))
+        except sushy_exc.ResourceNotFoundError:
+            # A collection found earlier is gone (the BMC was reconfigured): look again.
+            self._leak_paths = None
+            return (yield from self._leak_read((yield from self._leak_collections())))
+
+    def _leak_collections(self) -> _Walk[tuple[str, ...]]:
         """The LeakDetectors collections of the system's chassis (cached for
         ``LEAK_REDISCOVER_S``): System ``Links.Chassis`` → Chassis
         ``ThermalSubsystem`` → ``LeakDetection`` → ``LeakDetectors``."""
@@ -945,11 +1005,16 @@ class RedfishDriver:
         if self._leak_paths is not None and now - self._leak_found_at < LEAK_REDISCOVER_S:
             return self._leak_paths
         found: list[str] = []
-        links = self._system_doc().obj("Links")
+        system: _Doc = yield self._address.system_path
+        links = system.obj("Links")
         for path in links.links("Chassis") if links else []:
-            chassis = self._get_unless_absent(path)
-            thermal = self._get_unless_absent(chassis.link("ThermalSubsystem") if chassis else None)
-            detection = self._get_unless_absent(thermal.link("LeakDetection") if thermal else None)
+            chassis = yield from _unless_absent(path)
+            thermal = yield from _unless_absent(
+                chassis.link("ThermalSubsystem") if chassis else None
+            )
+            detection = yield from _unless_absent(
+                thermal.link("LeakDetection") if thermal else None
+            )
             collection = detection.link("LeakDetectors") if detection else None
             if collection is not None:
                 found.append(collection)
@@ -957,12 +1022,13 @@ class RedfishDriver:
         self._leak_found_at = now
         return self._leak_paths
 
-    def _read_leak_detectors(self, collections: tuple[str, ...]) -> list[LeakDetectorReading]:
+    def _leak_read(self, collections: tuple[str, ...]) -> _Walk[list[LeakDetectorReading]]:
         readings: list[LeakDetectorReading] = []
         for path in collections:
-            for member in self._get(path).links("Members", required=True):
+            listing: _Doc = yield path
+            for member in listing.links("Members", required=True):
                 try:
-                    doc = self._get(member)
+                    doc: _Doc = yield member
                 except sushy_exc.ResourceNotFoundError:
                     LOG.debug("node %s: leak detector %s vanished; skipped", self._node, member)
                     continue

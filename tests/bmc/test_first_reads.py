@@ -97,10 +97,11 @@ async def _lanes_while_in_flight(
     gateway: PoolGateway, pool: BmcPool, targets: list[BmcTarget]
 ) -> WorkerStats:
     """Start reads of ``targets`` through the worker threads (each answer
-    held back by the proxy; power sync's own Redfish reads do not use the
-    threads, ``test_power_poll.py``, but the leak watcher's and every other
-    read do) and return the worker pool's figures once every call is
-    running or queued and no more start; then let the reads finish."""
+    held back by the proxy; power sync's and the leak watcher's own Redfish
+    reads do not use the threads, ``test_power_poll.py`` and
+    ``test_leak_driver.py``, but every other read does) and return the
+    worker pool's figures once every call is running or queued and no more
+    start; then let the reads finish."""
 
     async def read_all() -> dict[str, tuple[str, str]]:
         states = await asyncio.gather(*(gateway.power_state(t) for t in targets))

@@ -1,11 +1,14 @@
 """Reading DMTF leak detectors through the BMC layer: the Redfish driver on
 sushy-tools' emulator (with Kiln's leak detectors), broken answers through
-a fault proxy, and IPMI, which has none."""
+a fault proxy, and IPMI, which has none. Both ways of reading them: in the
+pool's threads through sushy (``leaks.readings``) and on the event loop
+through the pool's aiohttp session (``leaks.poll``, the leak watcher's)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,7 +16,7 @@ from bmc_peers import PASSWORD, USER, make_pool
 
 from controller.bmc import BmcCredentials, Health, parse_bmc_url
 from controller.bmc.errors import BmcBadResponse
-from controller.bmc.gateway import PoolGateway
+from controller.bmc.gateway import PoolGateway, leak_reading
 from controller.core.errors import NotSupported
 from controller.core.model import BmcTarget, DetectorHealth
 from controller.sim.fault_proxy import FaultProxy, PayloadFault
@@ -29,13 +32,23 @@ def _via(proxy: FaultProxy, system: str = "node-00001") -> str:
     return f"redfish+http://127.0.0.1:{proxy.port}/redfish/v1/Systems/{system}"
 
 
+@pytest.fixture(params=["readings", "poll"])
+def way(request: pytest.FixtureRequest) -> str:
+    """``readings`` (sushy, threads) or ``poll`` (aiohttp, the event loop)."""
+    return str(request.param)
+
+
+async def read(bmc: Any, way: str) -> list[Any]:
+    return list(await getattr(bmc.leaks, way)())
+
+
 @pytest.mark.timeout(60)
 async def test_detectors_are_read_through_the_systems_own_chassis(
-    emulator: RedfishEmulator,
+    emulator: RedfishEmulator, way: str
 ) -> None:
     async with make_pool() as pool:
         bmc = pool.get("n1", parse_bmc_url(emulator.system_url("node-00001")), CREDS)
-        readings = await bmc.leaks.readings()
+        readings = await read(bmc, way)
         tray = emulator.tray_chassis("node-00001")
         assert [r.id for r in readings] == ["ColdPlate", "Manifold"]
         assert readings[0].path == (
@@ -48,12 +61,12 @@ async def test_detectors_are_read_through_the_systems_own_chassis(
         assert all(r.problem == "" and abs(r.read_at - time.time()) < 30 for r in readings)
 
         await emulator.set_leak_detector("node-00001", "Manifold", DetectorState="Critical")
-        manifold = (await bmc.leaks.readings())[1]
+        manifold = (await read(bmc, way))[1]
         assert manifold.detector_state is Health.CRITICAL
         assert manifold.status_health is Health.CRITICAL  # the emulator keeps them in step
         # Another system's tray is another chassis: its detectors are dry.
         other = pool.get("n2", parse_bmc_url(emulator.system_url("node-00002")), CREDS)
-        assert {r.detector_state for r in await other.leaks.readings()} == {Health.OK}
+        assert {r.detector_state for r in await read(other, way)} == {Health.OK}
 
 
 @pytest.mark.timeout(60)
@@ -90,14 +103,14 @@ async def _get(emulator: RedfishEmulator, path: str) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-async def test_a_bmc_without_leak_detection_answers_no_detectors() -> None:
+async def test_a_bmc_without_leak_detection_answers_no_detectors(way: str) -> None:
     systems = make_systems(1, power_state="On")
     async with (
         RedfishEmulator(systems, username=USER, password=PASSWORD, leak_detection=False) as emu,
         make_pool() as pool,
     ):
         bmc = pool.get("n0", parse_bmc_url(emu.system_url("node-00000")), CREDS)
-        assert await bmc.leaks.readings() == []
+        assert await read(bmc, way) == []
         assert bmc.health.state == "ok"
 
 
@@ -118,7 +131,7 @@ async def test_ipmi_has_no_leak_detectors_and_asks_nothing() -> None:
 
 @pytest.mark.timeout(60)
 async def test_a_broken_detector_is_reported_the_others_still_count(
-    emulator: RedfishEmulator,
+    emulator: RedfishEmulator, way: str
 ) -> None:
     await emulator.set_leak_detector("node-00001", "Manifold", DetectorState="Critical")
     faults = [PayloadFault.json(COLD_PLATE, {"Id": "ColdPlate", "DetectorState": 42})]
@@ -126,29 +139,30 @@ async def test_a_broken_detector_is_reported_the_others_still_count(
         FaultProxy(("127.0.0.1", emulator.port), payload_faults=faults) as proxy,
         make_pool() as pool,
     ):
-        gateway = PoolGateway(pool)
-        target = BmcTarget("n1", _via(proxy), USER, PASSWORD)
-        cold, manifold = await gateway.leak_detectors(target)
+        bmc = pool.get("n1", parse_bmc_url(_via(proxy)), CREDS)
+        cold, manifold = await read(bmc, way)
         assert cold.detector_state is None
         assert "DetectorState is the number 42, expected a string" in cold.problem
-        assert manifold.detector_state is DetectorHealth.CRITICAL and manifold.problem == ""
+        assert manifold.detector_state is Health.CRITICAL and manifold.problem == ""
 
         proxy.payload_faults[:] = [
             PayloadFault.json(COLD_PLATE, {"Id": "ColdPlate", "DetectorState": "Wet"})
         ]
-        cold, _ = await gateway.leak_detectors(target)
+        cold, _ = await read(bmc, way)
         assert "'Wet' is not one of OK, Warning, Critical" in cold.problem
         proxy.payload_faults[:] = [
             PayloadFault(COLD_PLATE, b"<html>oops</html>", content_type="text/html")
         ]
-        cold, _ = await gateway.leak_detectors(target)
+        cold, _ = await read(bmc, way)
         assert "not JSON" in cold.problem
         assert PASSWORD not in cold.problem
-        assert gateway.health("n1") == "ok"  # the BMC answered
+        assert bmc.health.state == "ok"  # the BMC answered
 
 
 @pytest.mark.timeout(60)
-async def test_a_broken_collection_is_a_bad_answer_naming_it(emulator: RedfishEmulator) -> None:
+async def test_a_broken_collection_is_a_bad_answer_naming_it(
+    emulator: RedfishEmulator, way: str
+) -> None:
     faults = [PayloadFault.json(COLLECTION, {"Name": "Leak Detector Collection"})]
     async with (
         FaultProxy(("127.0.0.1", emulator.port), payload_faults=faults) as proxy,
@@ -156,9 +170,38 @@ async def test_a_broken_collection_is_a_bad_answer_naming_it(emulator: RedfishEm
     ):
         bmc = pool.get("n1", parse_bmc_url(_via(proxy)), CREDS)
         with pytest.raises(BmcBadResponse) as info:
-            await bmc.leaks.readings()
+            await read(bmc, way)
         message = str(info.value)
         assert message.startswith(f"BMC 127.0.0.1:{proxy.port} sent a bad answer to leak detectors")
         assert "/ThermalSubsystem/LeakDetection/" in message and "Members is missing" in message
         assert PASSWORD not in message
         assert bmc.health.state == "degraded"
+
+
+@pytest.mark.timeout(60)
+async def test_a_leak_pass_reads_redfish_on_the_loop_as_the_threads_read_it(
+    emulator: RedfishEmulator,
+) -> None:
+    """The leak watcher's reads (``PoolGateway.leak_detectors``) go through
+    the event loop, no call reaching the pool's Redfish threads, and read
+    what sushy reads in them."""
+    await emulator.set_leak_detector("node-00002", "ColdPlate", DetectorState="Warning")
+    async with make_pool() as pool:
+        gateway = PoolGateway(pool)
+        targets = [
+            BmcTarget(f"n{i}", emulator.system_url(f"node-0000{i}"), USER, PASSWORD)
+            for i in range(4)
+        ]
+        polled = await asyncio.gather(*(gateway.leak_detectors(t) for t in targets))
+        assert pool.worker_stats()["redfish"].threads == 0  # no read went to a thread
+        assert [r.detector_state for r in polled[2]] == [
+            DetectorHealth.WARNING,
+            DetectorHealth.OK,
+        ]
+        for target, readings in zip(targets, polled, strict=True):
+            bmc = pool.get(target.node, parse_bmc_url(target.url), CREDS)
+            threaded = [leak_reading(r) for r in await bmc.leaks.readings()]
+            assert [replace(r, read_at=0.0) for r in threaded] == [
+                replace(r, read_at=0.0) for r in readings
+            ]
+        assert pool.worker_stats()["redfish"].threads >= 1
