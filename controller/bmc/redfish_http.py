@@ -1,13 +1,15 @@
 """Redfish reads on the event loop: one aiohttp session for a BMC pool.
 
 sushy is blocking (requests), so the pool runs it in worker threads. For
-the one read made of every BMC over and over, the periodic power reading
-(``PowerControl.poll``: power sync, through ``PoolGateway.poll_power``),
-that costs about 1 ms of CPU a read on this code's 2-core machine, half of
-it handing the call to a thread and back and the threads contending for
-the interpreter; the same GET on an asyncio HTTP client costs about 0.2 ms
-(``bench/bmc_pass_spread.py``). ``RedfishDriver.power_state_async`` sends
-it here; everything else, and every change, stays on sushy.
+the reads made of every BMC over and over, the periodic power reading
+(``PowerControl.poll``: power sync, through ``PoolGateway.poll_power``)
+and the leak watcher's (``LeakDetectionReader.poll``), that costs about
+1 ms of CPU a GET on this code's 2-core machine, half of it handing the
+call to a thread and back and the threads contending for the
+interpreter; the same GET on an asyncio HTTP client costs about 0.2 ms
+(``bench/bmc_pass_spread.py``). ``RedfishDriver.power_state_async`` and
+``leak_detectors_async`` send them here; everything else, and every
+change, stays on sushy.
 
 What a read here shares with the driver's sushy session: the URL, Basic
 auth, the environment's proxy and CA bundle (read once per BMC,
