@@ -140,7 +140,9 @@ LEAK_DETECTOR_STATES: dict[str, Health] = {
 }
 LEAK_REDISCOVER_S = 600.0
 """How long the chassis' leak detector collections found are trusted before
-they are looked for again (a BMC may gain leak detection with new firmware)."""
+they are looked for again (a BMC may gain leak detection with new firmware).
+Finding none is not kept: the leak watcher asks such a BMC again only when
+it means to look afresh (``LeakWatcher.rediscover``)."""
 TASK_DONE_OK = {"Completed"}
 TASK_FAILED = {"Exception", "Killed", "Cancelled", "Interrupted", "Suspended"}
 
@@ -998,11 +1000,12 @@ class RedfishDriver:
             return (yield from self._leak_read((yield from self._leak_collections())))
 
     def _leak_collections(self) -> _Walk[tuple[str, ...]]:
-        """The LeakDetectors collections of the system's chassis (cached for
-        ``LEAK_REDISCOVER_S``): System ``Links.Chassis`` → Chassis
+        """The LeakDetectors collections of the system's chassis (those found
+        are kept for ``LEAK_REDISCOVER_S``; none found is looked for again
+        at the next read): System ``Links.Chassis`` → Chassis
         ``ThermalSubsystem`` → ``LeakDetection`` → ``LeakDetectors``."""
         now = time.monotonic()
-        if self._leak_paths is not None and now - self._leak_found_at < LEAK_REDISCOVER_S:
+        if self._leak_paths and now - self._leak_found_at < LEAK_REDISCOVER_S:
             return self._leak_paths
         found: list[str] = []
         system: _Doc = yield self._address.system_path

@@ -98,8 +98,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LEAK_INTERVAL = 5.0
 DEFAULT_LEAK_CONCURRENCY = 256  # the Redfish thread pool's default size
-# A BMC that showed no leak detectors is asked again after this long (the
-# Redfish driver's own LEAK_REDISCOVER_S: sooner would read its cached answer).
+# A BMC that showed no leak detectors is asked again after this long (as
+# often as the Redfish driver looks afresh for detectors it found; a BMC
+# that showed none is read afresh at each of these asks).
 DEFAULT_LEAK_REDISCOVER = 600.0
 # A BMC that keeps showing none is asked ever less often (doubling), up to
 # hourly: an air-cooled box never grows detectors, and 25,000 of them asked

@@ -205,3 +205,35 @@ async def test_a_leak_pass_reads_redfish_on_the_loop_as_the_threads_read_it(
                 replace(r, read_at=0.0) for r in readings
             ]
         assert pool.worker_stats()["redfish"].threads >= 1
+
+
+@pytest.mark.timeout(60)
+async def test_a_bmc_without_detectors_is_asked_afresh_one_with_them_keeps_its_collections(
+    emulator: RedfishEmulator, way: str
+) -> None:
+    """The leak watcher asks a BMC that showed no detectors again only when
+    it means to look afresh: that read must reach the BMC (the chassis chain
+    walked again), not a remembered "none". Collections found are kept: a
+    BMC with detectors, read every pass, is asked the collection and its
+    members only."""
+    systems = make_systems(1, prefix="bare-", power_state="On")
+    async with (
+        RedfishEmulator(systems, username=USER, password=PASSWORD, leak_detection=False) as bare,
+        FaultProxy(("127.0.0.1", bare.port)) as bare_proxy,
+        FaultProxy(("127.0.0.1", emulator.port)) as wet_proxy,
+        make_pool() as pool,
+    ):
+        url = f"redfish+http://127.0.0.1:{bare_proxy.port}/redfish/v1/Systems/bare-00000"
+        none = pool.get("b0", parse_bmc_url(url), CREDS)
+        assert await read(none, way) == []
+        first = bare_proxy.requests
+        assert first >= 1
+        assert await read(none, way) == []
+        assert bare_proxy.requests == 2 * first, "the second look walked the chain again"
+
+        wet = pool.get("n1", parse_bmc_url(_via(wet_proxy)), CREDS)
+        assert len(await read(wet, way)) == 2
+        walked = wet_proxy.requests
+        assert len(await read(wet, way)) == 2
+        # the collection and its two detectors, not the chassis chain again
+        assert wet_proxy.requests - walked == 3
