@@ -70,8 +70,10 @@ class GcPauses:
         very_slow: float = 0.5,
         refreeze_after: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        process: str = "the controller",
     ) -> None:
         self._observe = observe
+        self._process = process
         self.refreeze_after = refreeze_after
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slow = slow
@@ -107,8 +109,9 @@ class GcPauses:
             self._slow_since_log += 1
             if seconds >= self._very_slow or now - self._logged_at >= 60.0:
                 log.info(
-                    "the garbage collector paused the controller %.0f ms (generation %d; "
+                    "the garbage collector paused %s %.0f ms (generation %d; "
                     "%d pauses of %.0f ms or more since the last such line)",
+                    self._process,
                     seconds * 1000,
                     generation,
                     self._slow_since_log,

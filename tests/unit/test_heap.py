@@ -94,3 +94,56 @@ async def test_a_slow_whole_heap_collection_freezes_its_survivors(restored_gc: N
     finally:
         pauses.stop()
         gc.enable()
+
+
+@pytest.mark.timeout(60)
+def test_a_bmc_reader_runs_with_the_controllers_collector_settings() -> None:
+    """A reader's heap is its BMC handles (750,000 objects at 25,000 nodes):
+    its ``serve`` sets the collector as the controller's before it serves,
+    and says "the BMC reader" in its pause lines. Run in a process of its
+    own (it freezes that process's heap)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = (
+        "import asyncio, gc, sys\n"
+        "from controller.bmc.reader import worker\n"
+        "async def fake(args):\n"
+        "    print(gc.get_threshold(), gc.get_freeze_count() > 0, len(gc.callbacks))\n"
+        "    return 0\n"
+        "worker._serve = fake\n"
+        "sys.exit(asyncio.run(worker.serve(None)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=root,
+        env={"PYTHONPATH": f"{root / 'proto'}:{root}", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        f"({heap.YOUNG},",
+        f"{heap.OLDER},",
+        f"{heap.OLDER})",
+        "True",
+        "1",
+    ]
+
+
+def test_gc_pause_lines_name_their_process(caplog: pytest.LogCaptureFixture) -> None:
+    ticks = iter([0.0, 0.6])
+    pauses = heap.GcPauses(lambda g, s: None, clock=lambda: next(ticks), process="the BMC reader")
+    caplog.set_level("INFO", logger="controller.heap")
+    gc.disable()
+    pauses.start()
+    try:
+        gc.collect(2)
+    finally:
+        pauses.stop()
+        gc.enable()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "controller.heap"]
+    assert line.startswith("the garbage collector paused the BMC reader 600 ms")

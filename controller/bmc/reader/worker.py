@@ -21,10 +21,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from controller import heap
 from controller.bmc.gateway import PoolGateway
 from controller.bmc.loop_share import READER_SLOW_ABOVE
 from controller.bmc.pool import BmcPool
 from controller.bmc.reader import wire
+from controller.heap import GcPauses
 from controller.link import FrameError, encode, open_link, read_frame
 
 log = logging.getLogger("kiln.bmc_reader")
@@ -64,6 +66,24 @@ async def answer(gateway: PoolGateway, frame: tuple[Any, ...], send: Send) -> No
 
 
 async def serve(args: argparse.Namespace) -> int:
+    # A reader's heap is its BMC handles, one per node it reads (750,000
+    # objects at 25,000 nodes): with CPython's collector settings each
+    # whole-heap collection walked them (about 250 ms), 17 % of its CPU a
+    # read (bench: 0.50 ms a read, 0.42 with these). Set as the controller's.
+    heap.settle()
+    pauses = GcPauses(
+        lambda _generation, _seconds: None,
+        refreeze_after=heap.REFREEZE_AFTER,  # the handles are made as nodes are read
+        process="the BMC reader",
+    )
+    pauses.start()
+    try:
+        return await _serve(args)
+    finally:
+        pauses.stop()
+
+
+async def _serve(args: argparse.Namespace) -> int:
     reader, writer = await open_link(args.link_fd)
     pool = BmcPool(
         max_workers=args.workers, call_timeout=args.call_timeout, slow_above=READER_SLOW_ABOVE
