@@ -50,9 +50,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import aiohttp
 import requests
@@ -392,6 +392,37 @@ T = TypeVar("T")
 # thrown the error its read raised) and returns its result
 # (``RedfishDriver._walk`` on sushy, ``_walk_async`` on aiohttp).
 _Walk = Generator[str, _Doc, T]
+
+
+class _Stepper(Generic[T]):
+    """Steps a walk on: ``path`` is what it asks next (None once it has
+    returned, its value then ``result``)."""
+
+    def __init__(self, walk: _Walk[T]) -> None:
+        self._walk = walk
+        self.path: str | None = None
+        self._result: tuple[T] | None = None
+        self._advance(lambda: next(walk))
+
+    def answer(self, doc: _Doc) -> None:
+        self._advance(lambda: self._walk.send(doc))
+
+    def fail(self, error: Exception) -> None:
+        """The read failed: ``error`` is raised in the walk where it asked;
+        raised from here if the walk does not handle it."""
+        self._advance(lambda: self._walk.throw(error))
+
+    def _advance(self, step: Callable[[], str]) -> None:
+        try:
+            self.path = step()
+        except StopIteration as done:
+            self.path, self._result = None, (done.value,)
+
+    @property
+    def result(self) -> T:
+        if self._result is None:
+            raise RuntimeError("the walk has not returned")
+        return self._result[0]
 
 
 def _unless_absent(path: str | None) -> _Walk[_Doc | None]:
@@ -738,31 +769,27 @@ class RedfishDriver:
         """Run a read written as a walk (``_leak_walk``) on sushy's session:
         each path it yields is read with ``_get`` and sent back, or the
         error the read raised is thrown in where it asked."""
-        try:
-            path = next(walk)
-            while True:
-                try:
-                    doc = self._get(path)
-                except Exception as e:
-                    path = walk.throw(e)
-                else:
-                    path = walk.send(doc)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        step = _Stepper(walk)
+        while step.path is not None:
+            try:
+                doc = self._get(step.path)
+            except Exception as e:
+                step.fail(e)
+            else:
+                step.answer(doc)
+        return step.result
 
     async def _walk_async(self, http: RedfishHttp, walk: _Walk[T]) -> T:
         """``_walk`` on the event loop, each read through ``http``."""
-        try:
-            path = next(walk)
-            while True:
-                try:
-                    doc = await self._get_async(http, path)
-                except Exception as e:
-                    path = walk.throw(e)
-                else:
-                    path = walk.send(doc)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        step = _Stepper(walk)
+        while step.path is not None:
+            try:
+                doc = await self._get_async(http, step.path)
+            except Exception as e:
+                step.fail(e)
+            else:
+                step.answer(doc)
+        return step.result
 
     def power_action(self, action: PowerAction) -> None:
         with self._edge(f"power {action.value}"):
