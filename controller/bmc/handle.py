@@ -334,20 +334,22 @@ class LeakDetectionReader(_Capability):
         self._http = http
 
     async def readings(self) -> list[LeakDetectorReading]:
-        if not getattr(self._driver, "supports_leak_detection", True):
-            raise NotSupported("leak detection")
+        self._refuse_unsupported()
         return await self._read("leak detectors", self._driver.leak_detectors)
 
     async def poll(self) -> list[LeakDetectorReading]:
         """``readings``, read for the leak watcher's passes: on the event
         loop where the driver can read there, else as ``readings``."""
+        self._refuse_unsupported()
         read = getattr(self._driver, "leak_detectors_async", None)
         http = self._http
         if read is None or http is None:
-            return await self.readings()
+            return await self._read("leak detectors", self._driver.leak_detectors)
+        return await self._guard.call_async("leak detectors", lambda: read(http))
+
+    def _refuse_unsupported(self) -> None:
         if not getattr(self._driver, "supports_leak_detection", True):
             raise NotSupported("leak detection")
-        return await self._guard.call_async("leak detectors", lambda: read(http))
 
 
 class InventoryReader(_Capability):

@@ -273,10 +273,17 @@ class PolicyRunner:
         if self._sampling is not None and not self._sampling.done():
             return
         self._last_silent_scan = now
-        # Every node, a slice at a time (``scan``): at fleet size the look is
-        # tens of milliseconds, which the agents' reports must not wait for.
+        # Only the nodes without an agent connected, picked out by name at C
+        # speed (at 25,000 nodes with every agent connected, a look at every
+        # record was about 3 % of a core, every 5 seconds); those a slice at a
+        # time (``scan``): after a network outage they are the whole fleet.
+        view = await self._nodes.loaded()
+        connected = self._agents.connected()
+        unheard = [
+            node for name in view.names() if name not in connected and (node := view.get(name))
+        ]
         due = await scan.select(
-            await self._nodes.records(),
+            unheard,
             lambda row: (
                 row.state in WATCHED
                 and row.power == PowerState.ON

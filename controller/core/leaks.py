@@ -69,6 +69,7 @@ Critical.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import random
 import time
@@ -85,6 +86,7 @@ from controller.core.eventlog import record, tell_job
 from controller.core.kinds import EventKind
 from controller.core.leak_racks import RACK_ISOLATION_TRAYS, isolate
 from controller.core.model import BmcTarget, DetectorHealth, LeakReading, LeakState
+from controller.core.node_view import NodeFeed
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.records import NodeRecord
@@ -282,6 +284,17 @@ class LeakWatcher:
         self._rng = random.Random()
         self._watched: dict[str, _Watched] = {}
         self._unsupported: dict[str, str] = {}  # node → the BMC URL that has no detectors
+        # Which nodes a pass looks at (``_candidates``): not the whole fleet
+        # each pass, but the nodes whose read ended or that were saved since
+        # the last pass, and those whose wait (no detectors, a failed read)
+        # is over, from a heap of (when, node).
+        self._changes: NodeFeed | None = None  # the view's feed of saved nodes
+        self._scan_all = True  # the first pass, a reloaded view, changed waits
+        self._look_again: set[str] = set()
+        self._timers: list[tuple[float, str]] = []
+        self._waits_set: tuple[object, ...] = ()  # the settings the timers were set with
+        self._blocked: dict[str, str] = {}  # node whose power is blocked → its rack
+        self.looked = 0  # nodes the passes looked at, in all (``_candidates``)
         self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._rack_lock = asyncio.Lock()
         self._isolated: set[str] = set()  # racks whose isolation was requested
@@ -314,6 +327,7 @@ class LeakWatcher:
         the passes that start meanwhile. While the last pass still has nodes
         to hand out, no new one begins: this call waits for its readers."""
         started = self.clock()
+        await self._catch_up()
         feed = self._feed
         if feed is not None and feed.left:
             # The last pass has not reached every node yet: it goes on, and
@@ -328,9 +342,58 @@ class LeakWatcher:
         await self._check_racks()
         self.last_pass_seconds = time.monotonic() - started
 
+    async def _catch_up(self) -> None:
+        """Take what commits saved since the last look from the view's feed:
+        those nodes are looked at by the next pass (a new node, a new BMC
+        URL), and the blocked nodes are kept (``_check_racks``). The first
+        look, and one after the view was loaded anew, is at every node."""
+        view = await self._nodes.loaded()
+        if self._changes is None:
+            self._changes = view.watch()
+        everything, names = self._changes.take()
+        if everything:
+            self._scan_all = True
+            self._blocked = {n.name: n.rack for n in view.all() if n.power_block}
+            return
+        self._look_again |= names
+        for name in names:
+            node = view.get(name)
+            if node is not None and node.power_block:
+                self._blocked[name] = node.rack
+            else:
+                self._blocked.pop(name, None)
+
+    async def _candidates(self, now: float) -> list[NodeRecord]:
+        """The nodes a pass beginning at ``now`` looks at, by name: every node
+        on the first pass (and after the view was loaded anew, or the waits'
+        settings changed); else those whose read ended, that were forgotten
+        or saved since the last pass, and those whose wait is over. At 25,000
+        nodes of which few have detectors, a pass then looks at a few dozen
+        nodes, not the fleet (``_due`` judges each and sets the timer of one
+        still waiting)."""
+        view = await self._nodes.loaded()
+        waits_set = (self.rediscover, self.rediscover_max, self.backoff, self.clock)
+        if self._scan_all or waits_set != self._waits_set:
+            self._scan_all, self._waits_set = False, waits_set
+            self._look_again, self._timers = set(), []
+            return view.all()
+        names, self._look_again = self._look_again, set()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            names.add(heapq.heappop(timers)[1])
+        return [node for name in sorted(names) if (node := view.get(name)) is not None]
+
+    def _unread(self, name: str) -> None:
+        """A node handed to no reader after all (its target could not be
+        unsealed): looked at again by the next pass."""
+        self._in_flight.discard(name)
+        self._look_again.add(name)
+
     async def _begin(self, now: float) -> tuple[_Feed, list[asyncio.Task[None]]]:
         """A new pass: its feed of the nodes to read, and its readers."""
-        due = await scan.select(await self._nodes.records(), self._due(now), size=self.scan_slice)
+        candidates = await self._candidates(now)
+        self.looked += len(candidates)
+        due = await scan.select(candidates, self._due(now), size=self.scan_slice)
         # The nodes whose detectors are being watched come first, in a stable
         # order: the spread below then reads each at the same point of every
         # pass. Those only asked whether they have detectors yet follow.
@@ -350,7 +413,7 @@ class LeakWatcher:
             nodes,
             max(1, self.concurrency),
             self._targets,
-            self._in_flight.discard,
+            self._unread,
             span=self.spread * self.interval,
             burst=self.burst,
         )
@@ -406,6 +469,7 @@ class LeakWatcher:
         it was removed): the next pass reads it afresh."""
         self._watched.pop(node, None)
         self._unsupported.pop(node, None)
+        self._look_again.add(node)
 
     async def _targets(self, nodes: Collection[NodeRecord]) -> dict[str, BmcTarget]:
         """Each node's BMC target, unsealed once and kept while its BMC URL,
@@ -435,8 +499,12 @@ class LeakWatcher:
         have detectors, it is not being read, and neither a failed read nor
         a read that showed none was too recent. One look at what is
         remembered of the node, with the waits after reads that showed none
-        worked out once a pass: at 25,000 nodes it runs 25,000 times a pass."""
+        worked out once a pass (on the first pass it runs for every node).
+        A node still waiting gets a timer for its wait's end; one being read
+        is looked at again when its read ends, one whose protocol has no
+        detectors when it is saved (a new BMC URL)."""
         in_flight, unsupported, watched = self._in_flight, self._unsupported, self._watched
+        timers = self._timers
         cap = max(self.rediscover, self.rediscover_max)
         waits = [doubling(self.rediscover, cap, streak) for streak in range(_STREAKS)]
 
@@ -448,11 +516,16 @@ class LeakWatcher:
             if kept is None:
                 return True
             if now < kept.retry_at:
+                heapq.heappush(timers, (kept.retry_at, name))
                 return False
             at = kept.none_at
-            return at is None or (
-                now >= at + waits[min(kept.none_streak, _STREAKS - 1)] * kept.none_share
-            )
+            if at is None:
+                return True
+            when = at + waits[min(kept.none_streak, _STREAKS - 1)] * kept.none_share
+            if now >= when:
+                return True
+            heapq.heappush(timers, (when, name))
+            return False
 
         return due
 
@@ -490,6 +563,7 @@ class LeakWatcher:
             memory.unreadable = failure
         finally:
             self._in_flight.discard(name)
+            self._look_again.add(name)  # the next pass judges it by what this read left
 
     async def _read(self, node: NodeRecord, target: BmcTarget) -> list[LeakReading] | None:
         """The node's readings; None when they could not be read."""
@@ -701,10 +775,11 @@ class LeakWatcher:
 
     async def _check_racks(self) -> None:
         """Isolate every rack with enough blocked trays (after a restart too)."""
+        await self._catch_up()  # the blocks this pass's leaks made
         counts: dict[str, int] = defaultdict(int)
-        for node in await self._nodes.records():
-            if node.rack and node.power_block:
-                counts[node.rack] += 1
+        for rack in self._blocked.values():
+            if rack:
+                counts[rack] += 1
         for rack, blocked in sorted(counts.items()):
             if blocked >= RACK_ISOLATION_TRAYS and rack not in self._isolated:
                 await self._check_rack(rack)
@@ -787,6 +862,7 @@ class LeakWatcher:
             rack = await self._store.tx(write)
             memory = self._memory(name)
             memory.states = {r.detector: classify(r)[0] for r in readings}
+            self._look_again.add(name)
         log.warning("node %s: leak cleared by %s (%s)", name, by or "an operator", reason or "-")
         await self._recount(rack)
 

@@ -41,13 +41,12 @@ from controller.core.kinds import EventKind
 from controller.core.meter import Meter, NullMeter
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
-from controller.core.records import NodeRecord
+from controller.core.records import BMC_ANSWERED, NodeRecord
 from controller.core.states import NodeState, PowerState
 
 log = logging.getLogger(__name__)
 
 IN_SERVICE = (NodeState.READY, NodeState.ALLOCATED, NodeState.PREPARING)
-BMC_ANSWERED = "ok"  # the BMC health of a node whose BMC answered its last read
 DEFAULT_POWER_SYNC_SPREAD = 0.5  # of the interval: a pass's reads, past the first few
 QUIET_SHARE = 0.25  # of the interval: the least time between one pass's end and the next
 # BMC reads a second at most (0: no cap). Each read is 1.3-3.8 ms of the one

@@ -16,6 +16,8 @@ from controller.core.kinds import EventKind
 from controller.core.model import AllocationSpec, BmcTarget, ProvisionOp
 from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
 
+BMC_ANSWERED = "ok"  # the BMC health of a node whose BMC answered its last read
+
 
 @dataclass(slots=True)
 class NodeRecord:
@@ -82,7 +84,7 @@ class NodeRecord:
             password=password,
             insecure=self.bmc_insecure,
             ca_bundle=self.bmc_ca_bundle,
-            answered_last=self.bmc_health == "ok",
+            answered_last=self.bmc_health == BMC_ANSWERED,
         )
 
 

@@ -364,6 +364,67 @@ async def test_a_bmc_without_leak_detectors_is_asked_again_only_after_rediscover
             await gateway.close()
 
 
+@pytest.mark.timeout(120)
+async def test_a_pass_looks_only_at_the_nodes_that_may_be_due(store: Store) -> None:
+    """After the first pass, a pass looks at the nodes read every pass (with
+    detectors), those saved since (a node enrolled is read by the very next
+    pass) and those whose wait has ended, not at the whole fleet: 30 nodes
+    without detectors cost nothing between their rediscovery reads."""
+    bare = make_systems(30, prefix="bare-", power_state="On")
+    async with (
+        RedfishEmulator(bare, username=USER, password=PASSWORD, leak_detection=False) as no_leaks,
+        RedfishEmulator(
+            make_systems(2, power_state="On"), username=USER, password=PASSWORD
+        ) as with_leaks,
+    ):
+        gateway = _CountingGateway(make_pool(call_timeout=5.0), power_timeout=20.0)
+        fleet = Fleet(store, gateway)
+        now = [1000.0]
+        fleet.leaks.clock = lambda: now[0]
+        fleet.leaks.rediscover, fleet.leaks.rediscover_max = 10.0, 10.0
+        fleet.leaks.rediscover_jitter = 0.0
+        watcher = fleet.leaks
+
+        async def one_pass() -> int:
+            before = watcher.looked
+            await watcher.run_once()
+            await watcher.settle()
+            return watcher.looked - before
+
+        try:
+            await fleet.nodes.loaded()
+            for i in range(30):
+                name = f"bare-{i:05d}"
+                await fleet.enroll(EnrollSpec(name, no_leaks.system_url(name), USER, PASSWORD))
+            await fleet.enroll(
+                EnrollSpec(TRAY, with_leaks.system_url(TRAY), USER, PASSWORD, rack="r1")
+            )
+            assert await one_pass() == 31  # the first: every node
+            # The next looks at each node whose read ended (a node without
+            # detectors then waits on a timer), then only at the one watched.
+            looked = [await one_pass() for _ in range(3)]
+            assert looked == [31, 1, 1], "only the node whose detectors are watched"
+            assert gateway.leak_reads[TRAY] == 4
+            assert all(gateway.leak_reads[f"bare-{i:05d}"] == 1 for i in range(30))
+
+            late = "node-00000"
+            await fleet.enroll(EnrollSpec(late, with_leaks.system_url(late), USER, PASSWORD))
+            assert await one_pass() == 2 and gateway.leak_reads[late] == 1, "read at once"
+            await with_leaks.set_leak_detector(late, DetectorState="Critical")
+            assert await one_pass() >= 2
+            assert await with_leaks.system_power(late) == "Off", "its leak acted on"
+
+            now[0] += 10.0  # the bare nodes' wait is over: each is asked again, once
+            assert await one_pass() >= 30
+            assert all(gateway.leak_reads[f"bare-{i:05d}"] == 2 for i in range(30))
+            assert await one_pass() >= 30  # their reads' ends
+            assert await one_pass() <= 2
+            assert all(gateway.leak_reads[f"bare-{i:05d}"] == 2 for i in range(30))
+        finally:
+            await fleet.leaks.stop()
+            await gateway.close()
+
+
 @pytest.mark.timeout(90)
 async def test_a_bmc_that_keeps_showing_no_detectors_is_asked_ever_less_often(
     store: Store,
