@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from controller.core.errors import Unavailable
@@ -121,6 +121,12 @@ class AgentHub:
 
     def connected(self) -> frozenset[str]:
         return frozenset(self._sessions)
+
+    def without_agent(self, names: Iterable[str]) -> list[str]:
+        """Those of ``names`` whose agent is not connected, in their order
+        (no copy of the connected set: cheap at fleet size)."""
+        sessions = self._sessions
+        return [name for name in names if name not in sessions]
 
     def count(self) -> int:
         """How many agents are connected (O(1), unlike ``connected``)."""

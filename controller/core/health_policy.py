@@ -278,9 +278,10 @@ class PolicyRunner:
         # record was about 3 % of a core, every 5 seconds); those a slice at a
         # time (``scan``): after a network outage they are the whole fleet.
         view = await self._nodes.loaded()
-        connected = self._agents.connected()
         unheard = [
-            node for name in view.names() if name not in connected and (node := view.get(name))
+            node
+            for name in self._agents.without_agent(view.names())
+            if (node := view.get(name)) is not None
         ]
         due = await scan.select(
             unheard,

@@ -11,7 +11,11 @@ leak detectors (an HGX box, an air-cooled server) is read again only after
 for detectors afresh), then after twice that for each read in a row that
 shows none, up to ``rediscover_max`` (an hour), each wait shortened by up to
 half at random: in a fleet of such nodes the watcher then costs next to
-nothing between those reads. The reads do not depend on the node's agent: a
+nothing between those reads. A pass looks only at the nodes that may be
+due (``_candidates``): every node on the first pass, then those whose read
+ended or that a commit saved since the last pass (the view's ``NodeFeed``:
+a node enrolled is read by the next pass), and those whose wait is over (a
+heap of timers). The reads do not depend on the node's agent: a
 tray whose agent is silent (or whose OS hung) is watched all the same. A BMC
 that is slow holds up only its own node: a pass does not wait for a read
 still in flight from the last one. A pass hands its reads out evenly over

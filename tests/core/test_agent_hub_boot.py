@@ -1,5 +1,6 @@
 """``AgentHub.attached_since``: after a power cycle the controller waits for
-the agent of the new boot, not a session of the old one still attached."""
+the agent of the new boot, not a session of the old one still attached; and
+``without_agent``, the silent-agent scan's first cut."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ async def test_an_agent_already_back_is_seen_at_once() -> None:
     since = time.time()
     hub.attach("n1")
     assert await hub.attached_since("n1", since, timeout=0.0) is True
+
+
+@pytest.mark.timeout(10)
+async def test_without_agent_names_the_nodes_whose_agent_is_not_connected() -> None:
+    hub = AgentHub()
+    first = hub.attach("n1")
+    hub.attach("n3")
+    assert hub.without_agent(["n0", "n1", "n2", "n3"]) == ["n0", "n2"]
+    hub.detach(first)
+    assert hub.without_agent(["n3", "n1"]) == ["n1"], "in the order given"
