@@ -12,17 +12,11 @@ defaults: 256 Redfish threads, the adaptive thread share), 256 at once:
 
 1. **burst**: every read begun as soon as a slot is free (``spread`` 0, as
    before);
-2. **spread one at a time** (the code before clumps): the first 32 at
-   once, the rest evenly over 80 % of ``--span`` (the leak watcher's
-   share; power sync spreads over half), each read begun alone at its own
-   turn (``Spread`` with ``clump=1``, put in ``run_bulk``'s place here);
-3. **spread in clumps** (production): the same, the reads due within one
-   tick begun together (at most 32, ticks at most 0.5 s apart).
+2. **spread** (production): the first 32 at once, the rest evenly over 80 %
+   of ``--span`` (the leak watcher's share; power sync spreads over half).
 
-A pass begins every ``--span`` seconds (5, the leak interval) in every
-mode, so the timer's ticks cover the same time. Spread, a process that
-sleeps between reads pays for each wake-up: the CPU a read costs is the
-figure the clumps are for.
+A pass begins every ``--span`` seconds (5, the leak interval) in both
+modes, so the timer's ticks cover the same time.
 
 A warm-up pass sets up every BMC's session first. The process's collector
 is set as ``kiln-controller`` sets it (``controller/heap.py``). A 10 ms timer
@@ -36,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import multiprocessing
 import sys
 import time
@@ -49,12 +42,10 @@ from bmc_loop_share import cpu_seconds, pct  # noqa: E402
 from fleet_load import responder_main  # noqa: E402
 
 from controller import heap  # noqa: E402
-from controller.bmc import fleet  # noqa: E402
 from controller.bmc.gateway import PoolGateway  # noqa: E402
 from controller.bmc.pool import BmcPool  # noqa: E402
 from controller.core.leaks import DEFAULT_LEAK_SPREAD as SPREAD  # noqa: E402
 from controller.core.model import BmcTarget  # noqa: E402
-from controller.core.spread import Spread  # noqa: E402
 from controller.sim.ports import free_port  # noqa: E402
 
 
@@ -115,26 +106,16 @@ async def run(port: int, bmcs: int, count: int, span: float) -> int:
         await gateway.poll_power(targets, 256)  # warm-up: every BMC's session set up
         burst = await passes(gateway, targets, count, span, 0.0)
         print(describe("burst (all at once)", *burst))
-        production = fleet.Spread
-        fleet.Spread = functools.partial(Spread, clump=1)  # type: ignore[misc]
-        try:
-            alone = await passes(gateway, targets, count, span, SPREAD)
-        finally:
-            fleet.Spread = production  # type: ignore[misc]
-        over = f"32 at once, the rest over {span * SPREAD:g} s"
-        print(describe(f"spread one at a time ({over})", *alone))
         spread = await passes(gateway, targets, count, span, SPREAD)
-        print(describe(f"spread in clumps ({over}, production)", *spread))
+        print(describe(f"spread (32 at once, the rest over {span * SPREAD:g} s)", *spread))
     finally:
         await gateway.close()
     b99, s99 = pct(burst[0], 0.99), pct(spread[0], 0.99)
     print(
-        f"SUMMARY: {bmcs} BMC reads a pass, loop lateness p99 {s99 * 1e3:.1f} ms spread in "
-        f"clumps vs {pct(alone[0], 0.99) * 1e3:.1f} ms one at a time and {b99 * 1e3:.1f} ms at "
-        f"once ({b99 / max(s99, 1e-6):.1f}x less late); max {max(spread[0]) * 1e3:.0f} vs "
-        f"{max(alone[0]) * 1e3:.0f} and {max(burst[0]) * 1e3:.0f} ms; CPU per read "
-        f"{spread[2] * 1e3:.2f} ms in clumps vs {alone[2] * 1e3:.2f} one at a time "
-        f"({alone[2] / max(spread[2], 1e-9):.2f}x) and {burst[2] * 1e3:.2f} at once"
+        f"SUMMARY: {bmcs} BMC reads a pass, loop lateness p99 {s99 * 1e3:.1f} ms spread vs "
+        f"{b99 * 1e3:.1f} ms at once ({b99 / max(s99, 1e-6):.1f}x less late); max "
+        f"{max(spread[0]) * 1e3:.0f} vs {max(burst[0]) * 1e3:.0f} ms; CPU per read "
+        f"{spread[2] * 1e3:.2f} vs {burst[2] * 1e3:.2f} ms"
     )
     return 0
 
@@ -156,7 +137,7 @@ def main() -> int:
         raise SystemExit("the stand-in responder did not start")
     print(
         f"bmc_pass_spread: {args.bmcs} answering Redfish BMCs (the fleet_load stand-in), "
-        f"{args.passes} passes each of three ways through PoolGateway.poll_power, 256 at once"
+        f"{args.passes} passes each way through PoolGateway.poll_power, 256 at once"
     )
     try:
         return asyncio.run(run(port, args.bmcs, args.passes, args.span))

@@ -1,7 +1,6 @@
 """Spreading a pass of BMC calls (``controller/core/spread.py``): the first
-few at once, the rest evenly over the span, in clumps that begin together;
-and ``run_bulk`` (the power sync's reads) beginning its calls at their
-turns."""
+few at once, the rest evenly over the span; and ``run_bulk`` (the power
+sync's reads) beginning its calls at their turns."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from controller.core.spread import DEFAULT_BURST, Spread
 
 
 def test_the_burst_begins_at_once_and_the_rest_evenly_over_the_span() -> None:
-    spread = Spread(12, span=1.0, burst=2, clump=1, began=100.0)
+    spread = Spread(12, span=1.0, burst=2, began=100.0)
     assert [spread.due(i) for i in range(2)] == [100.0, 100.0]
     after = [spread.due(i) - 100.0 for i in range(2, 12)]
     assert after == pytest.approx([k / 10 for k in range(1, 11)])
@@ -30,39 +29,6 @@ def test_a_pass_within_its_burst_or_without_a_span_begins_everything_at_once(
 ) -> None:
     spread = Spread(size, span=span, burst=burst, began=7.0)
     assert {spread.due(i) for i in range(size)} == {7.0}
-
-
-def test_the_calls_due_within_a_tick_begin_together_never_before_their_turn() -> None:
-    # 32 + 640 calls over 20 s: 32 a second, so a clump of 8 is a quarter-second tick.
-    spread = Spread(32 + 640, span=20.0, burst=32, clump=8, began=0.0)
-    even = Spread(32 + 640, span=20.0, burst=32, clump=1, began=0.0)
-    after = range(32, 32 + 640)
-    starts = [spread.due(i) for i in after]
-    assert starts == sorted(starts)
-    assert all(spread.due(i) >= even.due(i) - 1e-9 for i in after)  # never before its turn
-    assert all(spread.due(i) - even.due(i) < 0.25 + 1e-9 for i in after)  # at most a tick late
-    clumps: dict[float, int] = {}
-    for at in starts:
-        clumps[round(at, 6)] = clumps.get(round(at, 6), 0) + 1
-    assert len(clumps) == 80 and set(clumps.values()) == {8}
-    assert max(clumps) == pytest.approx(20.0)  # the last at the span's end, not past it
-    gaps = sorted(clumps)
-    assert {round(b - a, 6) for a, b in zip(gaps, gaps[1:], strict=False)} == {0.25}
-
-
-def test_clumps_are_at_most_max_tick_apart_and_clump_one_is_each_alone() -> None:
-    slow = Spread(32 + 100, span=100.0, burst=32, clump=32, max_tick=0.5, began=0.0)
-    starts = sorted({slow.due(i) for i in range(32, 132)})
-    # One call a second: a clump of 32 would be 32 s; ticks of 0.5 s leave each alone.
-    assert len(starts) == 100
-    assert {round(b - a, 6) for a, b in zip(starts, starts[1:], strict=False)} == {1.0}
-    alone = Spread(32 + 100, span=1.0, burst=32, clump=1, began=0.0)
-    assert len({alone.due(i) for i in range(32, 132)}) == 100
-
-
-def test_a_clump_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match="a clump of 1 or more"):
-        Spread(10, span=1.0, clump=0)
 
 
 def test_a_negative_span_or_burst_is_refused() -> None:
