@@ -93,7 +93,7 @@ from controller.core.model import BmcTarget, DetectorHealth, LeakReading, LeakSt
 from controller.core.node_view import NodeFeed
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
-from controller.core.records import NodeRecord
+from controller.core.records import LeakLook, NodeRecord
 from controller.core.spread import DEFAULT_BURST, Spread
 from controller.core.states import OUT_OF_SERVICE, NodeState, PowerState
 from controller.core.tasks import BackgroundTasks
@@ -281,6 +281,7 @@ class LeakWatcher:
         self.spread = DEFAULT_LEAK_SPREAD
         self.burst = DEFAULT_BURST
         self.clock: Callable[[], float] = time.monotonic  # tests may set it
+        self.wall: Callable[[], float] = time.time  # the stored looks' clock; tests may set it
         # A BMC that cannot be read is read again after a doubling delay, up
         # to 5 minutes: a fleet of dead BMCs must not cost a read each every
         # interval (25,000 of them held a restarted controller's one core).
@@ -299,6 +300,12 @@ class LeakWatcher:
         self._waits_set: tuple[object, ...] = ()  # the settings the timers were set with
         self._blocked: dict[str, str] = {}  # node whose power is blocked → its rack
         self.looked = 0  # nodes the passes looked at, in all (``_candidates``)
+        # The reads that showed no detectors, kept in the store (``LeakLook``)
+        # a pass at a time, and taken back once at start: a restarted
+        # controller goes on with each BMC's wait instead of asking them all.
+        self._looks_restored = False
+        self._looks_to_save: dict[str, LeakLook | None] = {}
+        self._looks_failing = False
         self._node_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._rack_lock = asyncio.Lock()
         self._isolated: set[str] = set()  # racks whose isolation was requested
@@ -343,6 +350,7 @@ class LeakWatcher:
         if self._readers:
             await asyncio.wait(self._readers, timeout=timeout)
         self._say_unreadable()
+        await self._save_looks()
         await self._check_racks()
         self.last_pass_seconds = time.monotonic() - started
 
@@ -358,6 +366,8 @@ class LeakWatcher:
         if everything:
             self._scan_all = True
             self._blocked = {n.name: n.rack for n in view.all() if n.power_block}
+            if not self._looks_restored:
+                await self._restore_looks()
             return
         self._look_again |= names
         for name in names:
@@ -366,6 +376,64 @@ class LeakWatcher:
                 self._blocked[name] = node.rack
             else:
                 self._blocked.pop(name, None)
+
+    async def _restore_looks(self) -> None:
+        """Take back the stored reads that showed no detectors (once, at
+        start): each node waits out what is left of its wait, as if this
+        process had made those reads. A look through another BMC URL than the
+        node's is forgotten; one at a node this process has read already is
+        left."""
+        try:
+            looks = await self._store.read(lambda tx: tx.nodes.leak_looks())
+        except Exception:
+            log.exception("leak detectors: the stored reads without detectors could not be read")
+            return
+        self._looks_restored = True
+        view = await self._nodes.loaded()
+        now, wall = self.clock(), self.wall()
+        taken = 0
+        for name, look in looks.items():
+            node = view.get(name)
+            if node is None or node.bmc_url != look.bmc_url or look.none_streak < 1:
+                self._looks_to_save[name] = None  # another BMC now: read afresh
+                continue
+            if name in self._watched:
+                continue
+            memory = self._memory(name)
+            memory.none_at = now - max(0.0, wall - look.none_at)
+            memory.none_streak = look.none_streak
+            memory.none_share = 1.0 - self.rediscover_jitter * self._rng.random()
+            taken += 1
+        if taken:
+            log.info(
+                "leak detectors: %d BMCs showed none at their last reads; each is asked "
+                "again when its wait ends, not now",
+                taken,
+            )
+
+    async def _save_looks(self) -> None:
+        """Keep this pass's reads that showed no detectors (and forget the
+        looks of nodes that now show some), in one transaction."""
+        if not self._looks_to_save:
+            return
+        batch, self._looks_to_save = self._looks_to_save, {}
+        try:
+            await self._store.tx(lambda tx: tx.nodes.save_leak_looks(batch))
+        except Exception as e:
+            for name, look in batch.items():  # the next pass tries again; newer first
+                self._looks_to_save.setdefault(name, look)
+            if not self._looks_failing:
+                log.warning(
+                    "leak detectors: %d reads without detectors not kept in the store "
+                    "(tried again each pass): %s",
+                    len(batch),
+                    e,
+                )
+            self._looks_failing = True
+            return
+        if self._looks_failing:
+            log.info("leak detectors: the reads without detectors are kept in the store again")
+        self._looks_failing = False
 
     async def _candidates(self, now: float) -> list[NodeRecord]:
         """The nodes a pass beginning at ``now`` looks at, by name: every node
@@ -474,6 +542,7 @@ class LeakWatcher:
         self._watched.pop(node, None)
         self._unsupported.pop(node, None)
         self._look_again.add(node)
+        self._looks_to_save[node] = None
 
     async def _targets(self, nodes: Collection[NodeRecord]) -> dict[str, BmcTarget]:
         """Each node's BMC target, unsealed once and kept while its BMC URL,
@@ -601,7 +670,10 @@ class LeakWatcher:
             memory.none_at = self.clock()
             memory.none_streak += 1
             memory.none_share = 1.0 - self.rediscover_jitter * self._rng.random()
+            self._looks_to_save[name] = LeakLook(node.bmc_url, self.wall(), memory.none_streak)
         else:
+            if memory.none_at is not None:  # it showed none before: no longer
+                self._looks_to_save[name] = None
             memory.none_at, memory.none_streak = None, 0
         return readings
 

@@ -22,7 +22,7 @@ from controller.core.identity import TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo, LeakReading
 from controller.core.node_view import NodeChanges
-from controller.core.records import AllocationRecord, NewEvent, NodeRecord
+from controller.core.records import AllocationRecord, LeakLook, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState
 
 T = TypeVar("T")
@@ -126,6 +126,15 @@ class NodeRepository(Protocol):
 
     def set_gpus(self, name: str, gpus: Sequence[GpuInfo]) -> None:
         """Replace the node's GPU inventory."""
+        ...
+
+    def leak_looks(self) -> dict[str, LeakLook]:
+        """Every node whose BMC showed no leak detectors at its last reads."""
+        ...
+
+    def save_leak_looks(self, looks: Mapping[str, LeakLook | None]) -> None:
+        """Keep each node's look (None: forget it); nodes no longer enrolled
+        are skipped."""
         ...
 
     def remove(self, name: str) -> None:

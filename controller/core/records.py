@@ -19,6 +19,17 @@ from controller.core.states import AllocationState, NodeKind, NodeState, PowerSt
 BMC_ANSWERED = "ok"  # the BMC health of a node whose BMC answered its last read
 
 
+@dataclass(frozen=True, slots=True)
+class LeakLook:
+    """The leak watcher's reads of a node's BMC that showed no detectors:
+    the last one's time (Unix s), how many in a row, and the BMC URL they
+    were made through (a node enrolled anew with another BMC is read afresh)."""
+
+    bmc_url: str
+    none_at: float
+    none_streak: int
+
+
 @dataclass(slots=True)
 class NodeRecord:
     name: str

@@ -114,3 +114,17 @@ class TokenRow(SQLModel, table=True):
     created_by: str = ""
     last_used_at: float = 0.0
     revoked_at: float = 0.0
+
+
+class LeakLookRow(SQLModel, table=True):
+    """A node whose BMC showed no leak detectors at the leak watcher's last
+    reads: when (Unix s), how many reads in a row, and through which BMC URL.
+    Kept so that a restarted controller asks again when the one before would
+    have, not every BMC at once (``core/leaks.py``)."""
+
+    __tablename__ = "leak_looks"
+
+    node: str = Field(primary_key=True, foreign_key="nodes.name")
+    bmc_url: str = ""
+    none_at: float = 0.0
+    none_streak: int = 0

@@ -28,10 +28,17 @@ from controller.core.identity import Role, TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo, ProvisionOp
 from controller.core.node_view import NodeChanges
-from controller.core.records import AllocationRecord, NewEvent, NodeRecord
+from controller.core.records import AllocationRecord, LeakLook, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
 from controller.store.link import Link
-from controller.store.models import AllocationRow, EventRow, GpuRow, NodeRow, TokenRow
+from controller.store.models import (
+    AllocationRow,
+    EventRow,
+    GpuRow,
+    LeakLookRow,
+    NodeRow,
+    TokenRow,
+)
 from controller.store.secrets import SecretBox
 from controller.store.writer_rows import TableRows
 
@@ -318,6 +325,18 @@ _NODE_PASSWORDS = core_select(_NODES.c.name, _NODES.c.bmc_password).where(
 _NODE_UPDATE = update(_NODES).where(_NODES.c.name == bindparam("b_name"))
 _NODE_INSERT = insert(_NODES)
 _NODE_DELETE = delete(_NODES).where(_NODES.c.name == bindparam("b_name"))
+_NODE_NAMES_IN = core_select(_NODES.c.name).where(
+    _NODES.c.name.in_(bindparam("b_names", expanding=True))
+)
+_LEAK_LOOKS = LeakLookRow.__table__  # type: ignore[attr-defined]
+_LEAK_LOOK_SELECT = core_select(
+    _LEAK_LOOKS.c.node, _LEAK_LOOKS.c.bmc_url, _LEAK_LOOKS.c.none_at, _LEAK_LOOKS.c.none_streak
+)
+_LEAK_LOOKS_DELETE = delete(_LEAK_LOOKS).where(
+    _LEAK_LOOKS.c.node.in_(bindparam("b_names", expanding=True))
+)
+_LEAK_LOOK_DELETE = delete(_LEAK_LOOKS).where(_LEAK_LOOKS.c.node == bindparam("b_name"))
+_LEAK_LOOK_INSERT = insert(_LEAK_LOOKS)
 _ALLOCATION_SELECT = core_select(_ALLOCATIONS)
 _ALLOCATION_BY_ID = _ALLOCATION_SELECT.where(_ALLOCATIONS.c.id == bindparam("b_id"))
 _ALLOCATION_BY_KEY = _ALLOCATION_SELECT.where(_ALLOCATIONS.c.key == bindparam("b_key"))
@@ -354,6 +373,7 @@ class SqlNodes:
         for token in self._session.exec(select(TokenRow).where(TokenRow.node == name)):
             self._session.delete(token)  # its agent's tokens go with it
         self._session.flush()
+        self._execute(_LEAK_LOOK_DELETE, {"b_name": name})
         self._execute(_NODE_DELETE, {"b_name": name})
         self._stored.remove(name)
         self._saved.pop(name, None)
@@ -487,6 +507,37 @@ class SqlNodes:
             # An ORM bulk UPDATE by primary key: one executemany, no row loaded.
             self._session.execute(update(NodeRow), rows)
         return len(rows)
+
+    def leak_looks(self) -> dict[str, LeakLook]:
+        return {
+            node: LeakLook(url, at, streak)
+            for node, url, at, streak in self._execute(_LEAK_LOOK_SELECT).tuples()
+        }
+
+    def save_leak_looks(self, looks: Mapping[str, LeakLook | None]) -> None:
+        # Replaced a chunk of names at a time: a DELETE of the chunk's rows,
+        # then one executemany INSERT of those still looked at (the same on
+        # SQLite and PostgreSQL, no upsert dialect).
+        names = list(looks)
+        for start in range(0, len(names), _IN_CHUNK):
+            chunk = names[start : start + _IN_CHUNK]
+            self._execute(_LEAK_LOOKS_DELETE, {"b_names": chunk})
+            kept = [n for n in chunk if looks[n] is not None]
+            if not kept:
+                continue
+            known = set(self._execute(_NODE_NAMES_IN, {"b_names": kept}).scalars())
+            rows = [
+                {
+                    "node": n,
+                    "bmc_url": look.bmc_url,
+                    "none_at": look.none_at,
+                    "none_streak": look.none_streak,
+                }
+                for n in kept
+                if n in known and (look := looks[n]) is not None
+            ]
+            if rows:
+                self._execute(_LEAK_LOOK_INSERT, rows)
 
     def bmc_target(self, node: NodeRecord) -> BmcTarget:
         sealed = self._execute(_NODE_PASSWORD, {"b_name": node.name}).scalar()

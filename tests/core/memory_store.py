@@ -20,7 +20,7 @@ from controller.core.identity import TokenRecord
 from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EventInfo, GpuInfo
 from controller.core.node_view import NodeChanges
-from controller.core.records import AllocationRecord, NewEvent, NodeRecord
+from controller.core.records import AllocationRecord, LeakLook, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeState
 
 T = TypeVar("T")
@@ -34,6 +34,7 @@ class _State:
     allocations: dict[str, AllocationRecord] = field(default_factory=dict)
     events: list[EventInfo] = field(default_factory=list)
     tokens: dict[str, TokenRecord] = field(default_factory=dict)
+    leak_looks: dict[str, LeakLook] = field(default_factory=dict)
 
 
 class MemoryNodes:
@@ -47,11 +48,22 @@ class MemoryNodes:
         self._s.nodes.pop(name, None)
         self._s.passwords.pop(name, None)
         self._s.gpus.pop(name, None)
+        self._s.leak_looks.pop(name, None)
         for ident in [i for i, t in self._s.tokens.items() if t.node == name]:
             del self._s.tokens[ident]
         self.saved.pop(name, None)
         self.gpus_set.pop(name, None)
         self.removed.add(name)
+
+    def leak_looks(self) -> dict[str, LeakLook]:
+        return dict(self._s.leak_looks)
+
+    def save_leak_looks(self, looks: Mapping[str, LeakLook | None]) -> None:
+        for name, look in looks.items():
+            if look is None:
+                self._s.leak_looks.pop(name, None)
+            elif name in self._s.nodes:
+                self._s.leak_looks[name] = look
 
     def _keep(self, node: NodeRecord) -> None:
         self.saved[node.name] = replace(copy.deepcopy(node), health=None)

@@ -23,8 +23,9 @@ from controller.core.errors import FailedPrecondition
 from controller.core.fleet import Fleet
 from controller.core.kinds import EventKind
 from controller.core.model import BmcTarget, EnrollSpec, LeakReading
-from controller.core.ports import Store
+from controller.core.ports import Store, Tx
 from controller.core.states import NodeState, PowerState
+from controller.core.transitions import load_node
 from controller.sim.fault_proxy import FaultProxy
 from controller.sim.ports import free_port
 from controller.sim.redfish_emulator import RedfishEmulator, make_systems
@@ -422,6 +423,90 @@ async def test_a_pass_looks_only_at_the_nodes_that_may_be_due(store: Store) -> N
             assert all(gateway.leak_reads[f"bare-{i:05d}"] == 2 for i in range(30))
         finally:
             await fleet.leaks.stop()
+            await gateway.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_restarted_watcher_goes_on_with_the_waits_of_bmcs_that_showed_none(
+    store: Store,
+) -> None:
+    """The reads that showed no detectors are kept in the store: a watcher
+    started anew (a restarted controller) asks those BMCs again when the one
+    before would have, not at once; a BMC with detectors is read at once, a
+    node whose BMC URL changed while it was down is read afresh, and a BMC
+    that grew detectors has its kept look forgotten."""
+    bare = make_systems(3, prefix="bare-", power_state="On")
+    async with (
+        RedfishEmulator(bare, username=USER, password=PASSWORD, leak_detection=False) as no_leaks,
+        RedfishEmulator(
+            make_systems(2, power_state="On"), username=USER, password=PASSWORD
+        ) as with_leaks,
+    ):
+        wall = [50_000.0]
+        mono = [1000.0]
+
+        def watcher_of(fleet: Fleet) -> None:
+            fleet.leaks.clock = lambda: mono[0]
+            fleet.leaks.wall = lambda: wall[0]
+            fleet.leaks.rediscover, fleet.leaks.rediscover_max = 600.0, 3600.0
+            fleet.leaks.rediscover_jitter = 0.0
+
+        async def one_pass(fleet: Fleet) -> None:
+            await fleet.leaks.run_once()
+            await fleet.leaks.settle()
+
+        gateway = _CountingGateway(make_pool(call_timeout=5.0), power_timeout=20.0)
+        before = Fleet(store, gateway)
+        watcher_of(before)
+        try:
+            await before.nodes.loaded()
+            for i in range(3):
+                name = f"bare-{i:05d}"
+                await before.enroll(EnrollSpec(name, no_leaks.system_url(name), USER, PASSWORD))
+            await before.enroll(EnrollSpec(TRAY, with_leaks.system_url(TRAY), USER, PASSWORD))
+            await one_pass(before)
+            mono[0] += 600.0
+            wall[0] += 600.0
+            await one_pass(before)  # the bare BMCs' second read: the wait doubles to 1,200 s
+            assert all(gateway.leak_reads[f"bare-{i:05d}"] == 2 for i in range(3))
+        finally:
+            await before.leaks.stop()
+            await gateway.close()
+
+        # Down for 300 s; a new process's monotonic clock starts elsewhere.
+        wall[0] += 300.0
+        mono[0] = 7.0
+        gateway = _CountingGateway(make_pool(call_timeout=5.0), power_timeout=20.0)
+        after = Fleet(store, gateway)
+        watcher_of(after)
+        try:
+            await after.nodes.loaded()
+            moved = "bare-00002"  # re-pointed at the other BMC while the controller was down
+
+            def repoint(tx: Tx) -> None:
+                node = load_node(tx, moved)
+                node.bmc_url = with_leaks.system_url("node-00000")
+                tx.nodes.save(node)
+
+            await store.tx(repoint)
+            await one_pass(after)
+            assert gateway.leak_reads[TRAY] == 1, "a BMC with detectors is read at once"
+            assert gateway.leak_reads[moved] == 1, "a new BMC URL: read afresh"
+            assert gateway.leak_reads["bare-00000"] == gateway.leak_reads["bare-00001"] == 0
+
+            mono[0] += 899.0
+            wall[0] += 899.0  # 1,199 s after their last read: not yet
+            await one_pass(after)
+            assert gateway.leak_reads["bare-00000"] == 0
+            mono[0] += 2.0
+            wall[0] += 2.0
+            await one_pass(after)
+            assert gateway.leak_reads["bare-00000"] == gateway.leak_reads["bare-00001"] == 1
+            looks = await store.read(lambda tx: tx.nodes.leak_looks())
+            assert looks["bare-00000"].none_streak == 3 and looks["bare-00000"].none_at == wall[0]
+            assert moved not in looks and TRAY not in looks
+        finally:
+            await after.leaks.stop()
             await gateway.close()
 
 

@@ -16,7 +16,7 @@ from sqlmodel import Session, SQLModel, select
 from controller.core.errors import InvalidArgument
 from controller.core.eventlog import EventLog, record
 from controller.core.kinds import EventKind
-from controller.core.records import NodeRecord
+from controller.core.records import LeakLook, NodeRecord
 from controller.store.engine import default_sqlite_url, open_engine
 from controller.store.models import AllocationRow, EventRow
 from controller.store.sql_store import SqlStore, SqlTx
@@ -34,7 +34,7 @@ def test_migrating_twice_is_a_no_op(engine: Engine) -> None:
 
     migrate(engine)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0008"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0009"
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
@@ -131,4 +131,34 @@ async def test_a_members_kind_and_a_trays_rack_hold_read_back(engine: Engine) ->
     assert got["sw"].kind == NodeKind.SWITCH_TRAY and got["sw"].rack_hold == ""
     assert got["t1"].kind == NodeKind.COMPUTE and got["t1"].rack_hold == "rack r1 held"
     assert got["old"].kind == NodeKind.COMPUTE
+    db.close()
+
+
+async def test_leak_looks_are_kept_replaced_and_go_with_their_node(engine: Engine) -> None:
+    """The leak watcher's reads without detectors (``LeakLook``) on both
+    engines: kept by node, replaced, forgotten (None), a node no longer
+    enrolled skipped, and removed with its node (PostgreSQL's foreign key)."""
+    db = SqlStore(engine)
+    url = "redfish+http://127.0.0.1:1/redfish/v1/Systems/"
+
+    def enrol(tx: SqlTx) -> None:
+        for name in ("n1", "n2", "n3"):
+            tx.nodes.add(NodeRecord(name=name, bmc_url=url + name), "pw")
+
+    await db.tx(enrol)
+    first = {
+        "n1": LeakLook(url + "n1", 1000.0, 1),
+        "n2": LeakLook(url + "n2", 1001.5, 3),
+        "gone": LeakLook(url + "gone", 1002.0, 1),
+    }
+    await db.tx(lambda tx: tx.nodes.save_leak_looks(first))
+    looks = await db.read(lambda tx: tx.nodes.leak_looks())
+    assert looks == {"n1": first["n1"], "n2": first["n2"]}
+
+    later = LeakLook(url + "n2", 1601.5, 4)
+    await db.tx(lambda tx: tx.nodes.save_leak_looks({"n1": None, "n2": later, "n3": None}))
+    assert await db.read(lambda tx: tx.nodes.leak_looks()) == {"n2": later}
+
+    await db.tx(lambda tx: tx.nodes.remove("n2"))
+    assert await db.read(lambda tx: tx.nodes.leak_looks()) == {}
     db.close()
