@@ -74,7 +74,12 @@ detectors. Power sync then runs every minute (``--power-sync-interval``)
 and the idle figure includes the BMC reads a quiet, connected fleet still
 costs: power sync's (a node its connected agent vouches for is read every
 ``--power-sync-vouched-every`` passes, the others every pass) and the leak
-watcher's (its first pass over every BMC, then its rediscovery reads). The
+watcher's rediscovery reads. The store then holds what the controller
+before the restart kept of its leak reads (every BMC showed no detectors,
+the last read within the half hour before: each asked again 0-60 minutes
+after the restart, as the watcher before would have); ``--no-leak-looks``
+leaves them out, and the restarted watcher asks every BMC at once, and
+again 5-10 minutes later, as before those were kept. The
 idle window then wants a longer ``--idle-settle`` (240 s: past the first
 power sync pass, which begins a minute after start and reads every BMC
 whose agent was not back yet). The line says how many power reads a
@@ -506,7 +511,37 @@ def prepare_store(
         print(f"  store reused from {source} ({args.nodes} nodes, {args.events} events)")
     state = workdir / "state"
     shutil.copytree(source, state, ignore=shutil.ignore_patterns("bench-store.json"))
+    if args.bmc == "responder" and not args.no_leak_looks:
+        keep_leak_looks(state, shape, int(built["bmc_port"]))
     return state, int(built["bmc_port"])
+
+
+def keep_leak_looks(state_dir: Path, shape: list[NodeShape], port: int) -> None:
+    """What the leak watcher of the controller before the restart kept: the
+    stand-in responder shows no leak detectors, so every BMC showed none at
+    its last reads, four or more in a row (the hourly cap), the last within
+    the half hour before the restart (each asked again 0-60 minutes after
+    it). Without them (``--no-leak-looks``, or a store from before the
+    looks were kept) the restarted watcher asks all 25,000 at once."""
+    from controller.bmc.address import parse_bmc_url
+    from controller.core.records import LeakLook
+
+    now = time.time()
+    rng = random.Random(11)
+    looks = {
+        node.name: LeakLook(
+            parse_bmc_url(f"redfish+http://127.0.0.1:{port}/redfish/v1/Systems/{node.name}").url,
+            now - rng.uniform(0.0, 1800.0),
+            4,
+        )
+        for node in shape
+    }
+    writer = StoreWriter(state_dir)
+    try:
+        writer.batch(lambda tx: tx.nodes.save_leak_looks(looks))
+    finally:
+        writer.close()
+    print(f"  {len(looks)} BMCs' last leak reads kept as showing no detectors (a fleet that ran)")
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> int:
@@ -830,6 +865,12 @@ def main() -> int:
         type=int,
         default=0,
         help="the controller's --power-sync-vouched-every (0: its default)",
+    )
+    parser.add_argument(
+        "--no-leak-looks",
+        action="store_true",
+        help="with --bmc responder: keep no earlier leak reads in the store (the "
+        "restarted watcher asks every BMC at once, as before they were kept)",
     )
     parser.add_argument("--reuse", type=Path, help="keep the built store here and reuse it")
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it")
