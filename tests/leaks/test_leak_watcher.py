@@ -6,10 +6,12 @@ acted on; IPMI nodes are skipped quietly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,26 @@ from controller.store.secrets import SecretBox
 from controller.store.sql_store import SqlStore
 
 TRAY = "node-00001"
+
+
+@contextlib.asynccontextmanager
+async def _bare_and_leaking(
+    bare: int,
+) -> AsyncIterator[tuple[RedfishEmulator, RedfishEmulator]]:
+    """An emulator of ``bare`` systems whose chassis have no leak detectors
+    (bare-00000, ...) and one of two trays with them (node-00000, node-00001)."""
+    async with (
+        RedfishEmulator(
+            make_systems(bare, prefix="bare-", power_state="On"),
+            username=USER,
+            password=PASSWORD,
+            leak_detection=False,
+        ) as no_leaks,
+        RedfishEmulator(
+            make_systems(2, power_state="On"), username=USER, password=PASSWORD
+        ) as with_leaks,
+    ):
+        yield no_leaks, with_leaks
 
 
 @pytest.mark.timeout(90)
@@ -317,13 +339,7 @@ async def test_a_bmc_without_leak_detectors_is_asked_again_only_after_rediscover
     """A Redfish chassis without detectors costs one read per ``rediscover``
     (not one per pass); a node beside it with detectors is read every pass,
     and its leak is acted on all the same."""
-    bare = make_systems(2, prefix="bare-", power_state="On")
-    async with (
-        RedfishEmulator(bare, username=USER, password=PASSWORD, leak_detection=False) as no_leaks,
-        RedfishEmulator(
-            make_systems(2, power_state="On"), username=USER, password=PASSWORD
-        ) as with_leaks,
-    ):
+    async with _bare_and_leaking(2) as (no_leaks, with_leaks):
         gateway = _CountingGateway(make_pool(call_timeout=5.0), power_timeout=20.0)
         fleet = Fleet(store, gateway)
         try:
@@ -371,13 +387,7 @@ async def test_a_pass_looks_only_at_the_nodes_that_may_be_due(store: Store) -> N
     detectors), those saved since (a node enrolled is read by the very next
     pass) and those whose wait has ended, not at the whole fleet: 30 nodes
     without detectors cost nothing between their rediscovery reads."""
-    bare = make_systems(30, prefix="bare-", power_state="On")
-    async with (
-        RedfishEmulator(bare, username=USER, password=PASSWORD, leak_detection=False) as no_leaks,
-        RedfishEmulator(
-            make_systems(2, power_state="On"), username=USER, password=PASSWORD
-        ) as with_leaks,
-    ):
+    async with _bare_and_leaking(30) as (no_leaks, with_leaks):
         gateway = _CountingGateway(make_pool(call_timeout=5.0), power_timeout=20.0)
         fleet = Fleet(store, gateway)
         now = [1000.0]
@@ -435,13 +445,7 @@ async def test_a_restarted_watcher_goes_on_with_the_waits_of_bmcs_that_showed_no
     before would have, not at once; a BMC with detectors is read at once, a
     node whose BMC URL changed while it was down is read afresh, and a BMC
     that grew detectors has its kept look forgotten."""
-    bare = make_systems(3, prefix="bare-", power_state="On")
-    async with (
-        RedfishEmulator(bare, username=USER, password=PASSWORD, leak_detection=False) as no_leaks,
-        RedfishEmulator(
-            make_systems(2, power_state="On"), username=USER, password=PASSWORD
-        ) as with_leaks,
-    ):
+    async with _bare_and_leaking(3) as (no_leaks, with_leaks):
         wall = [50_000.0]
         mono = [1000.0]
 
