@@ -186,9 +186,15 @@ def gpu_fields(node: NodeShape) -> list[dict[str, Any]]:
     ]
 
 
+def bmc_url(port: int, node: str) -> str:
+    """The node's BMC URL in the built store, as enrolment canonicalises it."""
+    from controller.bmc.address import parse_bmc_url
+
+    return parse_bmc_url(f"redfish+http://127.0.0.1:{port}/redfish/v1/Systems/{node}").url
+
+
 def build_store(state_dir: Path, shape: list[NodeShape], events: int, port: int) -> None:
     """Write the fleet and ``events`` events with the controller's repositories."""
-    from controller.bmc.address import parse_bmc_url
     from controller.core.health import GpuHealth, HealthReport
     from controller.core.kinds import EventKind
     from controller.core.model import GpuInfo
@@ -230,12 +236,9 @@ def build_store(state_dir: Path, shape: list[NodeShape], events: int, port: int)
                                 for g in gpus
                             ),
                         )
-                    url = parse_bmc_url(
-                        f"redfish+http://127.0.0.1:{port}/redfish/v1/Systems/{node.name}"
-                    ).url
                     record = NodeRecord(
                         name=node.name,
-                        bmc_url=url,
+                        bmc_url=bmc_url(port, node.name),
                         rack=node.rack,
                         leaf=node.rack,
                         spine=node.spine,
@@ -523,14 +526,13 @@ def keep_leak_looks(state_dir: Path, shape: list[NodeShape], port: int) -> None:
     the half hour before the restart (each asked again 0-60 minutes after
     it). Without them (``--no-leak-looks``, or a store from before the
     looks were kept) the restarted watcher asks all 25,000 at once."""
-    from controller.bmc.address import parse_bmc_url
     from controller.core.records import LeakLook
 
     now = time.time()
     rng = random.Random(11)
     looks = {
         node.name: LeakLook(
-            parse_bmc_url(f"redfish+http://127.0.0.1:{port}/redfish/v1/Systems/{node.name}").url,
+            bmc_url(port, node.name),
             now - rng.uniform(0.0, 1800.0),
             4,
         )

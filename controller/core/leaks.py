@@ -90,7 +90,7 @@ from controller.core.eventlog import record, tell_job
 from controller.core.kinds import EventKind
 from controller.core.leak_racks import RACK_ISOLATION_TRAYS, isolate
 from controller.core.model import BmcTarget, DetectorHealth, LeakReading, LeakState
-from controller.core.node_view import NodeFeed
+from controller.core.node_view import NodeFeed, NodeView
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.records import LeakLook, NodeRecord
@@ -367,7 +367,7 @@ class LeakWatcher:
             self._scan_all = True
             self._blocked = {n.name: n.rack for n in view.all() if n.power_block}
             if not self._looks_restored:
-                await self._restore_looks()
+                await self._restore_looks(view)
             return
         self._look_again |= names
         for name in names:
@@ -377,7 +377,7 @@ class LeakWatcher:
             else:
                 self._blocked.pop(name, None)
 
-    async def _restore_looks(self) -> None:
+    async def _restore_looks(self, view: NodeView) -> None:
         """Take back the stored reads that showed no detectors (once, at
         start): each node waits out what is left of its wait, as if this
         process had made those reads. A look through another BMC URL than the
@@ -389,7 +389,6 @@ class LeakWatcher:
             log.exception("leak detectors: the stored reads without detectors could not be read")
             return
         self._looks_restored = True
-        view = await self._nodes.loaded()
         now, wall = self.clock(), self.wall()
         taken = 0
         for name, look in looks.items():

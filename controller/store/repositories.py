@@ -522,10 +522,10 @@ class SqlNodes:
         for start in range(0, len(names), _IN_CHUNK):
             chunk = names[start : start + _IN_CHUNK]
             self._execute(_LEAK_LOOKS_DELETE, {"b_names": chunk})
-            kept = [n for n in chunk if looks[n] is not None]
+            kept = {n: look for n in chunk if (look := looks[n]) is not None}
             if not kept:
                 continue
-            known = set(self._execute(_NODE_NAMES_IN, {"b_names": kept}).scalars())
+            known = set(self._execute(_NODE_NAMES_IN, {"b_names": list(kept)}).scalars())
             rows = [
                 {
                     "node": n,
@@ -533,8 +533,8 @@ class SqlNodes:
                     "none_at": look.none_at,
                     "none_streak": look.none_streak,
                 }
-                for n in kept
-                if n in known and (look := looks[n]) is not None
+                for n, look in kept.items()
+                if n in known
             ]
             if rows:
                 self._execute(_LEAK_LOOK_INSERT, rows)
