@@ -94,6 +94,7 @@ import asyncio
 import contextlib
 import json
 import random
+import shlex
 import shutil
 import socket
 import sys
@@ -564,6 +565,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         options += ["--bmc-readers", str(args.bmc_readers)]
     if args.vouched_every:
         options += ["--power-sync-vouched-every", str(args.vouched_every)]
+    options += shlex.split(args.controller_options)
     ctl = Controller(state, workdir / "controller.log", options)
     gens: list[Generator] = []
     probes: list[Any] = []
@@ -867,6 +869,11 @@ def main() -> int:
         type=int,
         default=0,
         help="the controller's --power-sync-vouched-every (0: its default)",
+    )
+    parser.add_argument(
+        "--controller-options",
+        default="",
+        help="more kiln-controller options, as one string (e.g. '--power-sync-spread 0')",
     )
     parser.add_argument(
         "--no-leak-looks",

@@ -34,7 +34,11 @@ from controller.api.limits import DEFAULT_MAX_STREAMS, DEFAULT_RATE
 from controller.bmc.image_check import MODES
 from controller.checks import Suite, load_default_suite, load_suite
 from controller.core.errors import InvalidArgument, KilnError
-from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE, DEFAULT_POWER_SYNC_VOUCHED_EVERY
+from controller.core.power_sync import (
+    DEFAULT_POWER_SYNC_RATE,
+    DEFAULT_POWER_SYNC_SPREAD,
+    DEFAULT_POWER_SYNC_VOUCHED_EVERY,
+)
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.provisioning import ProvisionLimits
@@ -111,6 +115,17 @@ def seconds_or_off(text: str) -> float:
 def rate(text: str) -> float:
     """A positive, finite number (of requests a second)."""
     return _positive_number(text, "a number", "")
+
+
+def share(text: str) -> float:
+    """A share from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share from 0 to 1") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share from 0 to 1, not {text}")
+    return value
 
 
 def host_port(text: str) -> str:
@@ -225,9 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--power-sync-rate",
         type=rate,
-        default=DEFAULT_POWER_SYNC_RATE,
+        default=None,
         help="BMCs power sync reads a second at most; a fleet larger than the interval "
-        "allows at this rate is read over a longer pass (default %(default)g)",
+        f"allows at this rate is read over a longer pass (default {DEFAULT_POWER_SYNC_RATE:g}; "
+        "with --bmc-readers, no cap)",
+    )
+    p.add_argument(
+        "--power-sync-spread",
+        type=share,
+        default=None,
+        help="share of the interval over which a pass's BMC reads begin, past the first "
+        f"32 (default {DEFAULT_POWER_SYNC_SPREAD:g}; with --bmc-readers, 0: all at once, as "
+        "many at a time as the BMC concurrency allows)",
     )
     p.add_argument(
         "--power-sync-vouched-every",
@@ -544,6 +568,7 @@ def parse(argv: list[str] | None = None) -> Options:
         mqtt_access=mqtt_access,
         power_sync_interval=args.power_sync_interval,
         power_sync_rate=args.power_sync_rate,
+        power_sync_spread=args.power_sync_spread,
         power_sync_vouched_every=args.power_sync_vouched_every,
         leak_interval=args.leak_interval,
         bmc_call_timeout=args.bmc_call_timeout,

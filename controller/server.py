@@ -57,7 +57,7 @@ from controller.checks import Suite
 from controller.core.errors import InvalidArgument
 from controller.core.fleet import Fleet
 from controller.core.ports import BmcGateway
-from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE, DEFAULT_POWER_SYNC_VOUCHED_EVERY
+from controller.core.power_sync import DEFAULT_POWER_SYNC_VOUCHED_EVERY, pass_pacing
 from controller.core.preparation import PrepLimits
 from controller.core.profiles import ProfileCatalog
 from controller.core.provisioning import ProvisionLimits
@@ -233,7 +233,11 @@ class ControllerConfig:
     http_listen: str | None = None  # HOST:PORT of /metrics (None: not served)
     mqtt_access: BrokerAccess | None = None  # its credentials and TLS (None: anonymous, plain)
     power_sync_interval: float = 60.0
-    power_sync_rate: float = DEFAULT_POWER_SYNC_RATE  # BMC reads a second at most (0: no cap)
+    # BMC reads a second at most (0: no cap), and the share of the interval a
+    # pass's reads begin over (0: at once). None: ``pass_pacing``'s defaults
+    # (200 and half the interval, or at once and no cap with BMC readers).
+    power_sync_rate: float | None = None
+    power_sync_spread: float | None = None
     # A node whose agent is connected has its BMC read every this many passes.
     power_sync_vouched_every: int = DEFAULT_POWER_SYNC_VOUCHED_EVERY
     leak_interval: float = 5.0  # seconds between reads of every node's leak detectors
@@ -405,6 +409,9 @@ class ControllerServer:
             self.bmc_readers.start()  # until they are up, the reads are done here
             fleet_bmc = ReaderGateway(bmc, self.bmc_readers)
         rules = cfg.rules or (load_rules_file(cfg.rules_file) if cfg.rules_file else None)
+        sync_spread, sync_rate = pass_pacing(
+            readers=cfg.bmc_readers > 0, spread=cfg.power_sync_spread, rate=cfg.power_sync_rate
+        )
         self.fleet = Fleet(
             self.store,
             fleet_bmc,
@@ -414,7 +421,8 @@ class ControllerServer:
             sample_interval=cfg.sample_interval,
             rules=rules,
             power_sync_interval=cfg.power_sync_interval,
-            power_sync_rate=cfg.power_sync_rate,
+            power_sync_spread=sync_spread,
+            power_sync_rate=sync_rate,
             power_sync_vouched_every=cfg.power_sync_vouched_every,
             leak_interval=cfg.leak_interval,
             prep_limits=cfg.prep_limits,

@@ -66,6 +66,7 @@ from controller.core.ports import BmcGateway, ImageVerifier, Store
 from controller.core.power_block import PowerBlockGate
 from controller.core.power_sync import (
     DEFAULT_POWER_SYNC_RATE,
+    DEFAULT_POWER_SYNC_SPREAD,
     DEFAULT_POWER_SYNC_VOUCHED_EVERY,
     PowerSync,
 )
@@ -129,6 +130,7 @@ class Fleet:
         rules: RuleSet | None = None,
         power_sync_interval: float = 60.0,
         power_sync_rate: float = DEFAULT_POWER_SYNC_RATE,
+        power_sync_spread: float = DEFAULT_POWER_SYNC_SPREAD,
         power_sync_vouched_every: int = DEFAULT_POWER_SYNC_VOUCHED_EVERY,
         prep_limits: PrepLimits | None = None,
         agent_silent_after: float = 15.0,
@@ -212,6 +214,7 @@ class Fleet:
             bmc,
             interval=power_sync_interval,
             rate=power_sync_rate,
+            spread=power_sync_spread,
             on_change=self.allocations.schedule_pass,  # a BMC answering again frees a node
             on_node_changed=self.lifecycle.poke,
             meter=self.meter,

@@ -27,7 +27,9 @@ from controller.bmc.reader import wire
 from controller.bmc.reader.gateway import ReaderGateway
 from controller.bmc.reader.readers import BmcReaders
 from controller.core.errors import KilnError, NotSupported, Unavailable
+from controller.core.gateway_layer import GatewayLayer
 from controller.core.model import BmcTarget, DetectorHealth, LeakReading
+from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE
 from controller.sim.ports import free_port
 from controller.sim.redfish_emulator import RedfishEmulator, make_systems
 
@@ -60,6 +62,20 @@ async def direct() -> AsyncIterator[PoolGateway]:
         yield gateway
     finally:
         await gateway.close()
+
+
+class SpreadsSeen(GatewayLayer):
+    """The controller's own gateway, noting the spread of each power pass."""
+
+    def __init__(self, inner: PoolGateway) -> None:
+        super().__init__(inner)
+        self.spreads: list[float] = []
+
+    async def poll_power(
+        self, targets: list[BmcTarget], concurrency: int, *, spread: float = 0.0
+    ) -> dict[str, tuple[str | None, str]]:
+        self.spreads.append(spread)
+        return await self._inner.poll_power(targets, concurrency, spread=spread)
 
 
 def target(emulator: RedfishEmulator, node: str) -> BmcTarget:
@@ -153,7 +169,8 @@ async def test_a_reader_that_dies_fails_its_calls_and_is_started_again(
 ) -> None:
     readers = BmcReaders(1, workers=8, call_timeout=20.0)
     readers.start()
-    gateway = ReaderGateway(PoolGateway(make_pool(call_timeout=3.0)), readers)
+    inner = SpreadsSeen(PoolGateway(make_pool(call_timeout=3.0)))
+    gateway = ReaderGateway(inner, readers)
     sock, port = stalled_port()
     try:
         assert await readers.wait_ready(30.0)
@@ -166,11 +183,13 @@ async def test_a_reader_that_dies_fails_its_calls_and_is_started_again(
         with pytest.raises(Unavailable, match="BMC reader 0 ended before it answered"):
             await asyncio.wait_for(waiting, 10.0)
 
-        # Until it is back (a pause of 1 s first), the controller reads its nodes.
+        # Until it is back (a pause of 1 s first), the controller reads its
+        # nodes, a pass begun at once held to the controller's own rate.
         assert readers.figures()["readers"] == 0
         sent = readers.calls
         assert await gateway.poll_power([target(emulator, NODES[0])], 1) == {NODES[0]: ("on", "ok")}
         assert readers.calls == sent
+        assert inner.spreads == [1 / DEFAULT_POWER_SYNC_RATE]
 
         assert await readers.wait_ready(30.0), "the reader was not started again"
         assert readers.restarts == 1 and readers.pids() != [pid]

@@ -17,7 +17,7 @@ from controller.core.fleet import Fleet
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.model import AllocationSpec
 from controller.core.ports import Store
-from controller.core.power_sync import pause_before_next
+from controller.core.power_sync import pass_pacing, pause_before_next
 from controller.core.profiles import ProfileCatalog, parse_profile
 from controller.core.states import AllocationState, NodeState, PowerState
 from controller.core.transitions import load_node, move
@@ -190,9 +190,21 @@ async def test_power_sync_spreads_a_pass_and_a_fleet_beyond_its_rate_gets_a_long
         f.power_sync.rate = 200.0  # back within the interval: said again if it outgrows it
         await f.power_sync.run_once()
         assert bmc.spreads[-1] == 30.0
+        f.power_sync.spread = 0.0  # begun at once: only the rate paces the pass
+        await f.power_sync.run_once()
+        assert bmc.spreads[-1] == pytest.approx(3 / 200.0)
         await f.stop()
     with pytest.raises(ValueError, match="0 \\(no cap\\) or more"):
         make_fleet(power_sync_rate=-1.0)
+    with pytest.raises(ValueError, match="a share of the interval, from 0 to 1"):
+        make_fleet(power_sync_spread=1.5)
+
+
+def test_a_pass_is_spread_and_capped_in_the_controller_and_begun_at_once_in_readers() -> None:
+    assert pass_pacing(readers=False) == (0.5, 200.0)
+    assert pass_pacing(readers=True) == (0.0, 0.0)
+    assert pass_pacing(readers=True, spread=0.25, rate=50.0) == (0.25, 50.0)  # as the operator says
+    assert pass_pacing(readers=False, spread=0.0) == (0.0, 200.0)
 
 
 def bmc_reads(bmc: FakeBmc) -> list[str]:

@@ -164,7 +164,7 @@ def test_controller_unit_defaults() -> None:
     assert args.db is None
     assert args.profiles is None and args.rules is None and args.queues is None
     assert args.power_sync_interval == 60.0
-    assert args.power_sync_rate == 200.0
+    assert args.power_sync_rate is None  # the controller's: 200, or no cap with BMC readers
 
 
 def test_controller_unit_with_a_remote_broker_and_every_option() -> None:

@@ -295,6 +295,8 @@ async def test_with_bmc_readers_the_power_sync_and_leak_reads_go_to_them(
         server = harness.server
         assert server.fleet is not None and server.bmc_readers is not None
         assert await server.bmc_readers.wait_ready(30.0)
+        sync = server.fleet.power_sync
+        assert (sync.spread, sync.rate) == (0.0, 0.0), "in the reader a pass begins at once"
         nodes = await harness.wait_all_ready()
         alloc = await harness.stub.CreateAllocation(
             fleet_pb2.CreateAllocationRequest(

@@ -62,6 +62,14 @@ CASES = {
     "power-sync-interval-0": Case(
         lambda _: ["--power-sync-interval", "0"], f"--power-sync-interval: {NOT_POSITIVE}, not 0"
     ),
+    "power-sync-spread-above-1": Case(
+        lambda _: ["--power-sync-spread", "1.5"],
+        "--power-sync-spread: must be a share from 0 to 1, not 1.5",
+    ),
+    "power-sync-spread-text": Case(
+        lambda _: ["--power-sync-spread", "half"],
+        "--power-sync-spread: 'half' is not a share from 0 to 1",
+    ),
     "reconcile-interval-negative": Case(
         lambda _: ["--reconcile-interval", "-1"], f"--reconcile-interval: {NOT_POSITIVE}, not -1"
     ),

@@ -5,7 +5,10 @@
 (``readers.py``); everything else, power changes and the rest, goes to the
 controller's own gateway, ``inner``. A node whose reader is not up is read
 by ``inner``, as without readers; so is the rest of a power pass whose
-reader ended in the middle of it.
+reader ended in the middle of it. A power pass begun at once (with readers,
+power sync's default) is then held to the controller's own rate,
+``DEFAULT_POWER_SYNC_RATE`` reads a second, so that it does not take the
+controller's loop from its agents while its reader is away.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from controller.core.errors import Unavailable
 from controller.core.gateway_layer import GatewayLayer
 from controller.core.model import BmcTarget, LeakReading
 from controller.core.ports import BmcGateway
+from controller.core.power_sync import DEFAULT_POWER_SYNC_RATE
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,8 @@ class ReaderGateway(GatewayLayer):
                 return await self._readers.poll_power(link, targets, concurrency, spread)
             except Unavailable as e:
                 log.warning("power sync: %s; its %d BMCs are read here", e, len(targets))
-        return await self._inner.poll_power(targets, concurrency, spread=spread)
+        here = max(spread, len(targets) / DEFAULT_POWER_SYNC_RATE)
+        return await self._inner.poll_power(targets, concurrency, spread=here)
 
     async def leak_detectors(self, target: BmcTarget) -> list[LeakReading]:
         link = self._readers.link_for(target.node)
