@@ -218,7 +218,7 @@ class Fleet:
             on_change=self.allocations.schedule_pass,  # a BMC answering again frees a node
             on_node_changed=self.lifecycle.poke,
             meter=self.meter,
-            agent_connected=self.agents.is_connected,
+            agents=self.agents,
             vouched_every=power_sync_vouched_every,
         )
         self.leaks = LeakWatcher(

@@ -36,9 +36,12 @@ import zlib
 from collections.abc import Awaitable, Callable
 
 from controller.core import scan
+from controller.core.agents import AgentHub
 from controller.core.eventlog import record, tell_job
+from controller.core.kept_names import KeptNames
 from controller.core.kinds import EventKind
 from controller.core.meter import Meter, NullMeter
+from controller.core.node_view import NodeView
 from controller.core.nodes import Nodes
 from controller.core.ports import BmcGateway, Store, Tx
 from controller.core.records import BMC_ANSWERED, NodeRecord
@@ -96,6 +99,17 @@ def expected_power(node: NodeRecord) -> PowerState | None:
     return None
 
 
+def vouched_for(node: NodeRecord, connected: bool) -> bool:
+    """Whether the node's connected agent vouches for its power: on as Kiln
+    expects, its BMC answering last time."""
+    return (
+        connected
+        and node.power == PowerState.ON
+        and node.bmc_health == BMC_ANSWERED
+        and expected_power(node) in (None, PowerState.ON)
+    )
+
+
 def note_power(tx: Tx, node: NodeRecord, power: PowerState, health: str) -> bool:
     """Fold one reading into ``node`` and save it; True when the node is not as
     Kiln expects. Tells once per change (a ``node.drift``, and the job that
@@ -134,14 +148,14 @@ class PowerSync:
         on_change: Callable[[], Awaitable[None]] | None = None,
         on_node_changed: Callable[[str], None] | None = None,
         meter: Meter | None = None,
-        agent_connected: Callable[[str], bool] | None = None,
+        agents: AgentHub | None = None,
         vouched_every: int = DEFAULT_POWER_SYNC_VOUCHED_EVERY,
     ) -> None:
         """``on_change``: after a pass that wrote a node; ``on_node_changed``:
         for each node written (the lifecycle looks at it again: a node waiting
         for its agent that lost power is powered on at once);
-        ``agent_connected``: whether the node's agent is connected (None: no
-        node is vouched for, every BMC is read every pass)."""
+        ``agents``: whose connections vouch for their nodes (None: no node is
+        vouched for, every BMC is read every pass)."""
         self._store = store
         self._on_node_changed = on_node_changed
         self._meter: Meter = meter or NullMeter()
@@ -165,7 +179,13 @@ class PowerSync:
         self.last_pass_seconds = 0.0
         if vouched_every < 1:
             raise ValueError("a vouched-for node's BMC is read every 1 or more passes")
-        self._agent_connected = agent_connected
+        # The nodes read every pass, kept by change (``KeptNames``): no look
+        # at every record each pass to find the few whose agent vouches not.
+        self._unvouched = (
+            KeptNames(agents, lambda node, connected: not vouched_for(node, connected))
+            if agents is not None
+            else None
+        )
         self.vouched_every = vouched_every
         self._passes = 0
         self.skipped = 0  # BMCs the last pass left unread: their agents vouched for them
@@ -183,10 +203,10 @@ class PowerSync:
     async def run_once(self) -> list[str]:
         """Poll every BMC once; returns the nodes whose power is not as expected."""
         started = time.monotonic()
-        everyone = await self._nodes.records()
+        view = await self._nodes.loaded()
         self._passes += 1
-        nodes = await self._to_read(everyone)
-        self.skipped = len(everyone) - len(nodes)
+        nodes = await self._to_read(view)
+        self.skipped = len(view) - len(nodes)
         targets = await self._nodes.targets(nodes)
         polled = await self._bmc.poll_power(
             targets, self.concurrency, spread=self._span(len(targets))
@@ -220,26 +240,17 @@ class PowerSync:
             await self._on_change()  # e.g. a node held back by its BMC is free again
         return drifted
 
-    async def _to_read(self, nodes: list[NodeRecord]) -> list[NodeRecord]:
-        """The nodes whose BMC this pass reads: all but those their agents
-        vouch for, each of which is read on its own pass of every
+    async def _to_read(self, view: NodeView) -> list[NodeRecord]:
+        """The nodes whose BMC this pass reads, by name: all but those their
+        agents vouch for, each of which is read on its own pass of every
         ``vouched_every`` (by its name's CRC, so the passes share them)."""
-        connected = self._agent_connected
         every = self.vouched_every
-        if connected is None or every == 1:
-            return nodes
+        if self._unvouched is None or every == 1:
+            return view.all()
         turn = self._passes % every
-
-        def read(node: NodeRecord) -> bool:
-            vouched = (
-                node.power == PowerState.ON
-                and node.bmc_health == BMC_ANSWERED
-                and expected_power(node) in (None, PowerState.ON)
-                and connected(node.name)
-            )
-            return not vouched or zlib.crc32(node.name.encode()) % every == turn
-
-        return await scan.select(nodes, read)
+        names = set(await self._unvouched.names(view))
+        names.update(n for n in view.names() if zlib.crc32(n.encode()) % every == turn)
+        return [node for name in sorted(names) if (node := view.get(name)) is not None]
 
     def _span(self, count: int) -> float:
         """Seconds a pass of ``count`` reads is spread over: ``spread`` of the

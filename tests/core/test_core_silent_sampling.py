@@ -112,3 +112,37 @@ async def test_an_unreadable_bmc_is_logged_once_not_every_scan(
     ]
     assert len(unreadable) == 1, [r.message for r in unreadable]
     assert bmc.thermal_reads.count("h2") >= 2  # the others kept being read
+
+
+async def test_the_silent_nodes_follow_agents_that_come_and_go_and_power_that_changes(
+    silent_fleet: Fleet, bmc: SlowThermalBmc
+) -> None:
+    """The silent nodes are kept by change (``KeptNames``), not found by a
+    look at every node: an agent back, an agent gone and a node powered off
+    behind Kiln's back each change which BMCs are read from the next scan."""
+    policies = silent_fleet.policies
+    policies.bmc_sample_interval = 0.1  # read again every scan
+    for name in NODES[3:]:
+        silent_fleet.agents.attach(name)  # h4-h6 have their agents
+    runner = asyncio.create_task(policies.run())
+
+    async def read_next() -> set[str]:
+        """The nodes the scans read, once every one read is read again."""
+        await until(lambda: bool(bmc.thermal_reads))
+        bmc.thermal_reads.clear()
+        await asyncio.sleep(0.5)  # several scans
+        return set(bmc.thermal_reads)
+
+    try:
+        assert await read_next() == {"h1", "h2", "h3"}
+        silent_fleet.agents.attach("h1")  # back
+        silent_fleet.agents.drop("h4")  # gone
+        bmc.power.update({name: "on" for name in NODES})
+        bmc.power["h2"] = "off"  # behind Kiln's back: power sync writes it
+        silent_fleet.power_sync.vouched_every = 1
+        await silent_fleet.power_sync.run_once()
+        assert (await silent_fleet.get_node("h2")).power.value == "off"
+        assert await read_next() == {"h3", "h4"}
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
