@@ -10,8 +10,11 @@ read as fast as the concurrency allows. At most ``rate`` reads begin a
 second (200 by default): a fleet too large to read in the interval at that
 rate is read over a longer pass, and a warning says so once, rather than
 the passes taking the controller's CPU from its agents and its API; such
-passes are a quarter of an interval apart. A node whose power is not what
-Kiln last set, or not what its state implies (a node in service should be
+passes are a quarter of an interval apart. Both protect the controller's
+own event loop: with BMC readers, whose CPU the reads then are, a pass
+begins at once with no cap by default (``pass_pacing``).
+
+A node whose power is not what Kiln last set, or not what its state implies (a node in service should be
 on), gets one ``node.drift`` event per change; if a job holds it, the job
 is told. The BMC's health is folded into the node's status either way.
 
@@ -23,7 +26,9 @@ only every ``vouched_every`` passes (5 by default: every 5 minutes at the
 default interval; a BMC that dies under a running node shows within that
 time, not the next pass), each at a fixed pass of the cycle (by its name), so
 every pass reads its share: the BMC's health stays known without 25,000
-reads a minute of a fleet that is up. Every other node is read every pass.
+reads a minute of a fleet that is up. Every other node is read every pass
+(those are kept by change, ``KeptNames``, not found each pass by a look
+at every record).
 ``vouched_every`` 1 reads every BMC every pass.
 """
 
