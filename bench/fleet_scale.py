@@ -121,6 +121,7 @@ import os
 import random
 import re
 import resource
+import shlex
 import signal
 import statistics
 import subprocess
@@ -390,6 +391,7 @@ def start_controller(
     ]  # fmt: skip
     if args.bmc_readers > 0:
         cmd += ["--bmc-readers", str(args.bmc_readers)]
+    cmd += shlex.split(args.controller_options)
     if args.agent_relays > 0:
         cmd += ["--agent-listen", f"127.0.0.1:{agent_port}"]
         cmd += ["--agent-relays", str(args.agent_relays)]
@@ -1441,6 +1443,11 @@ def main() -> int:
         default=3600.0,
         help="the controller's (default here: out of the window; "
         "bench/bmc_power_sync.py measures it)",
+    )
+    parser.add_argument(
+        "--controller-options",
+        default="",
+        help="more kiln-controller options, as one string (e.g. '--power-sync-spread 0.5')",
     )
     parser.add_argument("--log-dir", help="keep each controller's log here")
     args = parser.parse_args()
