@@ -14,9 +14,10 @@ passes are a quarter of an interval apart. Both protect the controller's
 own event loop: with BMC readers, whose CPU the reads then are, a pass
 begins at once with no cap by default (``pass_pacing``).
 
-A node whose power is not what Kiln last set, or not what its state implies (a node in service should be
-on), gets one ``node.drift`` event per change; if a job holds it, the job
-is told. The BMC's health is folded into the node's status either way.
+A node whose power is not what Kiln last set, or not what its state
+implies (a node in service should be on), gets one ``node.drift`` event
+per change; if a job holds it, the job is told. The BMC's health is
+folded into the node's status either way.
 
 A node whose agent is connected vouches for its own power: its operating
 system runs, so it is on (a node that loses power loses its agent's stream
