@@ -48,6 +48,7 @@ import logging
 import math
 import os
 import re
+import ssl
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -65,6 +66,7 @@ from sushy import exceptions as sushy_exc
 from sushy.resources.system import system as sushy_system
 
 from controller.bmc.errors import BmcBadResponse, BmcServerError, BmcTlsError
+from controller.bmc.http_get import NotHttp
 from controller.bmc.redfish_http import AnswerTooLarge, RedfishHttp
 from controller.bmc.types import (
     BootDevice,
@@ -390,7 +392,7 @@ T = TypeVar("T")
 # A read of several documents written once for both ways of reading them:
 # a generator that yields each path it wants, is sent its document (or
 # thrown the error its read raised) and returns its result
-# (``RedfishDriver._walk`` on sushy, ``_walk_async`` on aiohttp).
+# (``RedfishDriver._walk`` on sushy, ``_walk_async`` on the event loop).
 _Walk = Generator[str, _Doc, T]
 
 
@@ -565,20 +567,20 @@ class RedfishDriver:
 
     @contextlib.contextmanager
     def _edge_http(self, operation: str) -> Iterator[None]:
-        """As ``_edge``, for reads through ``RedfishHttp``: aiohttp's
-        failures become the Kiln errors the same failure raises through
-        sushy, and ``_edge`` does the rest (answers Kiln cannot use)."""
+        """As ``_edge``, for reads through ``RedfishHttp``: its failures
+        (``http_get``'s and aiohttp's) become the Kiln errors the same
+        failure raises through sushy, and ``_edge`` does the rest (answers Kiln cannot use)."""
         host = self._label
         with self._edge(operation):
             try:
                 yield
-            except aiohttp.ClientSSLError as e:
+            except (aiohttp.ClientSSLError, ssl.SSLError) as e:
                 raise BmcTlsError(host=host, reason=_short(_tls_reason(str(e)))) from e
-            except TimeoutError as e:  # aiohttp's own (total or connect) timeout
+            except TimeoutError as e:  # the total or the connect timeout
                 raise BmcTimeout(host=host, operation=operation, seconds=self._timeout) from e
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
                 raise BmcUnreachable(host=host, reason=_short(_socket_reason(e))) from e
-            except aiohttp.ClientError as e:
+            except (aiohttp.ClientError, NotHttp) as e:
                 raise BmcError(host=host, reason=f"{operation}: {self._text(str(e))}") from e
 
     def _route(self) -> tuple[str | None, bool | str]:
@@ -728,13 +730,13 @@ class RedfishDriver:
 
     async def power_state_async(self, http: RedfishHttp) -> PowerState:
         """``power_state`` on the event loop, through ``http`` (the pool's
-        aiohttp session, ``redfish_http.py``): the same GET, the same checks
+        HTTP client, ``redfish_http.py``): the same GET, the same checks
         of the answer and the same Kiln errors, without a worker thread."""
         with self._edge_http("power state"):
             return _power_of(await self._get_async(http, self._address.system_path))
 
     async def _get_async(self, http: RedfishHttp, path: str) -> _Doc:
-        """``_get`` through ``http`` (the pool's aiohttp session): the same
+        """``_get`` through ``http`` (the pool's HTTP client): the same
         answer checks and the same sushy errors for an error answer, which
         ``_edge`` (under ``_edge_http``) turns into Kiln's."""
         url = self._address.base_url + path
@@ -1012,7 +1014,7 @@ class RedfishDriver:
 
     async def leak_detectors_async(self, http: RedfishHttp) -> list[LeakDetectorReading]:
         """``leak_detectors`` on the event loop, each GET through ``http``
-        (the pool's aiohttp session): the same walk, checks and errors."""
+        (the pool's HTTP client): the same walk, checks and errors."""
         with self._edge_http("leak detectors"):
             return await self._walk_async(http, self._leak_walk())
 
@@ -1216,7 +1218,7 @@ def _answer(status: int, body: bytes) -> Response:
 
 
 def _socket_reason(error: BaseException) -> str:
-    """The root cause of an aiohttp connection error ("connection refused"),
+    """The root cause of a connection error on the event loop ("connection refused"),
     as ``_connection_reason`` gives it for requests'."""
     cause = getattr(error, "os_error", None) or error
     number = getattr(cause, "errno", None)

@@ -1,4 +1,4 @@
-"""Redfish reads on the event loop: one aiohttp session for a BMC pool.
+"""Redfish reads on the event loop: a BMC pool's HTTP client.
 
 sushy is blocking (requests), so the pool runs it in worker threads. For
 the reads made of every BMC over and over, the periodic power reading
@@ -7,16 +7,21 @@ and the leak watcher's (``LeakDetectionReader.poll``), that costs about
 1 ms of CPU a GET on this code's 2-core machine, half of it handing the
 call to a thread and back and the threads contending for the
 interpreter; the same GET on an asyncio HTTP client costs about 0.2 ms
-(``bench/bmc_pass_spread.py``). ``RedfishDriver.power_state_async`` and
+(``bench/bmc_pass_spread.py``), and a GET of its own on a bare
+connection, its answer read by httptools (``http_get``), about 0.1 ms
+(``bench/bmc_read_cost.py``). ``RedfishDriver.power_state_async`` and
 ``leak_detectors_async`` send them here; everything else, and every
-change, stays on sushy.
+change, stays on sushy. A read straight to its BMC goes through
+``http_get``; one through a proxy (the environment's) through the pool's
+aiohttp session, made on its first such read.
 
 What a read here shares with the driver's sushy session: the URL, Basic
 auth, the environment's proxy and CA bundle (read once per BMC,
 ``redfish._environment``), the cap on an answer's size
 (``MAX_RESPONSE_BYTES``, a ``Content-Length`` over it refused unread, a
 longer body dropped as it passes it) and the checks on its JSON. Errors are
-raised as aiohttp's own; the driver turns them into Kiln errors.
+raised as ``http_get``'s or aiohttp's own; the driver turns them into Kiln
+errors.
 """
 
 from __future__ import annotations
@@ -26,16 +31,12 @@ import ssl
 
 import aiohttp
 
+from controller.bmc import http_get
+from controller.bmc.http_get import AnswerTooLarge
+
+__all__ = ["AnswerTooLarge", "RedfishHttp"]
+
 _READ_CHUNK = 64 * 1024
-
-
-class AnswerTooLarge(Exception):
-    """An answer over the cap; ``declared`` when its Content-Length said so."""
-
-    def __init__(self, size: int, declared: bool) -> None:
-        super().__init__(size)
-        self.size = size
-        self.declared = declared
 
 
 class RedfishHttp:
@@ -45,6 +46,13 @@ class RedfishHttp:
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
         self._contexts: dict[str, ssl.SSLContext] = {}
+        # The contexts for reads straight to a BMC (``http_get``) when
+        # ``verify`` is True (the system's CAs) or False (nothing checked).
+        self._plain_contexts: dict[bool, ssl.SSLContext] = {}
+        # The tasks in a read through ``http_get`` now, and those of them
+        # that closing the pool cancelled.
+        self._reading: set[asyncio.Task[object]] = set()
+        self._ended: set[asyncio.Task[object]] = set()
         self._closed = False
 
     def _here(self) -> aiohttp.ClientSession:
@@ -88,11 +96,19 @@ class RedfishHttp:
         limit: int,
     ) -> tuple[int, bytes]:
         """GET ``url``: its status and at most ``limit`` bytes of its body.
+        Straight to the BMC (no ``proxy``) on a connection of its own
+        (``http_get``); through a proxy with aiohttp.
 
         Raises:
             AnswerTooLarge: the body is longer than ``limit`` (not read past it).
-            aiohttp.ClientError, TimeoutError: as aiohttp raises them.
+            TimeoutError, ssl.SSLError, OSError, http_get.ClosedEarly,
+            http_get.NotHttp: a read straight to the BMC, as ``http_get``
+                raises them.
+            aiohttp.ClientError, TimeoutError: a read through a proxy, as
+                aiohttp raises them.
         """
+        if proxy is None:
+            return await self._straight(url, headers, tls, timeout, connect_timeout, limit)
         session = self._here()
         timeouts = aiohttp.ClientTimeout(total=timeout, connect=connect_timeout)
         async with session.get(
@@ -112,8 +128,61 @@ class RedfishHttp:
                 chunks.append(chunk)
             return response.status, b"".join(chunks)
 
+    async def _straight(
+        self,
+        url: str,
+        headers: dict[str, str],
+        tls: ssl.SSLContext | bool,
+        timeout: float,
+        connect_timeout: float,
+        limit: int,
+    ) -> tuple[int, bytes]:
+        """A read through ``http_get``. Closing the pool ends it at once, as
+        closing the aiohttp session ends that session's reads: the task
+        reading is cancelled and the read fails as a closed connection."""
+        if self._closed:
+            raise RuntimeError("the BMC pool's HTTP session is closed")
+        task = asyncio.current_task()
+        assert task is not None
+        self._reading.add(task)
+        try:
+            return await http_get.get(
+                url,
+                headers,
+                tls=self._context(tls),
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                limit=limit,
+            )
+        except asyncio.CancelledError:
+            if task not in self._ended:
+                raise
+            self._ended.discard(task)
+            task.uncancel()
+            raise ConnectionAbortedError("the BMC pool was closed during the read") from None
+        finally:
+            self._reading.discard(task)
+
+    def _context(self, tls: ssl.SSLContext | bool) -> ssl.SSLContext:
+        """``tls`` as a context of its own for ``http_get``: True, the
+        system's CAs, host names checked; False, nothing checked (as
+        aiohttp's ``ssl=False``)."""
+        if isinstance(tls, ssl.SSLContext):
+            return tls
+        context = self._plain_contexts.get(tls)
+        if context is None:
+            context = ssl.create_default_context()
+            if not tls:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            self._plain_contexts[tls] = context
+        return context
+
     async def close(self) -> None:
         self._closed = True
+        for task in self._reading:
+            self._ended.add(task)
+            task.cancel()
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
