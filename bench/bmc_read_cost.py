@@ -25,8 +25,11 @@ answer; it stands in for BMCs, and is far quicker than one):
 
 CPU is the process's (user + system; the responder's is not counted),
 each way measured ``--rounds`` times in turn (default 3) and the median
-printed, with its ratio to the floor. The process's collector is set as
-``kiln-controller`` sets it. About a minute on 2 cores.
+printed, with its ratio to the floor; all of it first on asyncio's own
+event loop (the controller's, which reads its BMCs itself without
+``--bmc-readers``), then on uvloop (a BMC reader's). The process's
+collector is set as ``kiln-controller`` sets it. About a minute on 2
+cores.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
+import uvloop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "proto"), str(ROOT / "bench")]
@@ -139,7 +143,14 @@ async def kiln_power_read(gateway: PoolGateway, targets: list[BmcTarget]) -> int
     return sum(1 for state, _health in polled.values() if state is not None)
 
 
-async def run(port: int, count: int, rounds: int) -> int:
+FLOOR = "floor (bare socket, no parsing)"
+AIOHTTP = "aiohttp ClientSession"
+HTTP_GET = "http_get (httptools)"
+KILN = "Kiln's power read (PoolGateway.poll_power)"
+
+
+async def measure(port: int, count: int, rounds: int) -> dict[str, list[float]]:
+    """Each way ``rounds`` times in turn on the running loop: CPU s a read."""
     targets = [
         BmcTarget(
             node=f"node-{i:05d}",
@@ -151,10 +162,10 @@ async def run(port: int, count: int, rounds: int) -> int:
     ]
     gateway = PoolGateway(BmcPool())
     ways: dict[str, Callable[[], Awaitable[int]]] = {
-        "floor (bare asyncio socket, no parsing)": lambda: floor(port, count),
-        "aiohttp ClientSession": lambda: through_aiohttp(port, count),
-        "http_get (httptools)": lambda: through_http_get(port, count),
-        "Kiln's power read (PoolGateway.poll_power)": lambda: kiln_power_read(gateway, targets),
+        FLOOR: lambda: floor(port, count),
+        AIOHTTP: lambda: through_aiohttp(port, count),
+        HTTP_GET: lambda: through_http_get(port, count),
+        KILN: lambda: kiln_power_read(gateway, targets),
     }
     cpu: dict[str, list[float]] = {name: [] for name in ways}
     try:
@@ -168,18 +179,33 @@ async def run(port: int, count: int, rounds: int) -> int:
                     print(f"  {name}: only {answered} of {count} reads answered")
     finally:
         await gateway.close()
+    return cpu
+
+
+def report(loop: str, cpu: dict[str, list[float]]) -> dict[str, float]:
+    """Print one loop's medians and their ratios to its floor; return them (ms)."""
     ms = {name: statistics.median(v) * 1e3 for name, v in cpu.items()}
-    base = ms["floor (bare asyncio socket, no parsing)"]
+    print(f"  on {loop}:")
     for name, value in ms.items():
         spread = ", ".join(f"{v * 1e3:.3f}" for v in cpu[name])
-        print(f"  {name}: {value:.3f} ms CPU a read ({value / base:.1f}x the floor; {spread})")
-    aio, lean = ms["aiohttp ClientSession"], ms["http_get (httptools)"]
-    kiln = ms["Kiln's power read (PoolGateway.poll_power)"]
+        print(
+            f"    {name}: {value:.3f} ms CPU a read ({value / ms[FLOOR]:.1f}x the floor; {spread})"
+        )
+    return ms
+
+
+def run(port: int, count: int, rounds: int) -> int:
+    plain = report("asyncio's loop", asyncio.run(measure(port, count, rounds)))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        uv = report("uvloop (a BMC reader's loop)", runner.run(measure(port, count, rounds)))
     print(
-        f"SUMMARY: a BMC power read costs {kiln:.3f} ms of CPU on Kiln's path "
-        f"({kiln / base:.1f}x the bare-socket floor's {base:.3f} ms); the GET alone "
-        f"{lean:.3f} ms through http_get against {aio:.3f} ms through aiohttp "
-        f"({aio / lean:.1f}x); {count} reads, {AT_ONCE} at once, median of {rounds}"
+        f"SUMMARY: a BMC power read costs {uv[KILN]:.3f} ms of CPU in a BMC reader (uvloop; "
+        f"{uv[KILN] / uv[FLOOR]:.1f}x its bare-socket floor of {uv[FLOOR]:.3f} ms) and "
+        f"{plain[KILN]:.3f} ms in the controller's own process (asyncio; "
+        f"{plain[KILN] / plain[FLOOR]:.1f}x its floor of {plain[FLOOR]:.3f} ms); the GET alone "
+        f"{plain[HTTP_GET]:.3f} ms through http_get against {plain[AIOHTTP]:.3f} ms through "
+        f"aiohttp ({plain[AIOHTTP] / plain[HTTP_GET]:.1f}x); {count} reads, {AT_ONCE} at once, "
+        f"median of {rounds}"
     )
     return 0
 
@@ -201,7 +227,7 @@ def main() -> int:
         f"stand-in responder, {AT_ONCE} at once, {args.rounds} rounds"
     )
     try:
-        return asyncio.run(run(port, args.reads, args.rounds))
+        return run(port, args.reads, args.rounds)
     finally:
         parent.send(("stop",))
         responder.join(5)

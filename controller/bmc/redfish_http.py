@@ -8,7 +8,7 @@ and the leak watcher's (``LeakDetectionReader.poll``), that costs about
 call to a thread and back and the threads contending for the
 interpreter; the same GET on an asyncio HTTP client costs about 0.2 ms
 (``bench/bmc_pass_spread.py``), and a GET of its own on a bare
-connection, its answer read by httptools (``http_get``), about 0.1 ms
+connection, its answer read by httptools (``http_get``), about 0.15 ms
 (``bench/bmc_read_cost.py``). ``RedfishDriver.power_state_async`` and
 ``leak_detectors_async`` send them here; everything else, and every
 change, stays on sushy. A read straight to its BMC goes through

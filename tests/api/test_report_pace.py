@@ -39,6 +39,7 @@ RULES = PaceRules(
     longest=3.0,
     recheck=1.0,
     busy_cores=0.3,
+    resting_tick=0.25,  # an idle window's probe: the load below must still be met in time
 )
 
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -121,6 +122,8 @@ async def test_reads_through_the_readers_are_the_controllers_own(
         temps = await gateway.thermal_c(targets[0])
         assert temps and temps == await direct.thermal_c(targets[0])
         assert readers.calls == 2 + 1 + 1  # a power pass per reader, the leak and thermal reads
+        for pid in readers.pids():  # each reader's loop is uvloop's (its library is loaded)
+            assert "uvloop" in Path(f"/proc/{pid}/maps").read_text(), pid
     finally:
         await gateway.close()  # stops the readers too
     assert readers.figures()["readers"] == 0

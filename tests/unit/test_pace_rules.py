@@ -3,13 +3,24 @@ reports down and lets them speed up again (``controller/core/report_pace.py``)."
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import itertools
+import os
 import random
 import statistics
+import threading
+from collections.abc import Sequence
 
 import pytest
 
-from controller.core.report_pace import MIN_REPORTS, PaceRules, ReportDelays, ReportPace
+from controller.core.report_pace import (
+    MIN_REPORTS,
+    LoopLagProbe,
+    PaceRules,
+    ReportDelays,
+    ReportPace,
+)
 
 RULES = PaceRules(window=3.0, slow_above=0.1, ease_below=0.02, stretch=1.5, ease=1.25, longest=20)
 BUSY = [0.05, 0.2, 0.3]  # median 0.2 s late
@@ -93,6 +104,9 @@ def test_longest_zero_turns_the_pace_off_but_the_lag_is_still_measured() -> None
         {"recheck": -1},
         {"busy_cores": -0.1},
         {"recheck": 700, "recheck_longest": 600},
+        {"resting_tick": 0.05},
+        {"resting_tick": 5.0},
+        {"resting_below": -0.1},
     ],
 )
 def test_rules_that_cannot_work_are_refused(bad: dict[str, float]) -> None:
@@ -234,3 +248,58 @@ def test_late_reports_at_an_idle_controller_slow_nobody_down() -> None:
     assert p.judge(BUSY, now=200.0, busy=0.0) == 11.25
     off = ReportPace(PaceRules(busy_cores=0.0), budget=lambda: 5.0)
     assert off.judge(CALM, now=0.0, delays=late, busy=0.0) == 7.5
+
+
+@pytest.mark.timeout(10)
+def test_the_probe_rests_after_an_idle_window_at_the_budgets_pace_only() -> None:
+    rules = PaceRules(resting_tick=1.0, resting_below=0.1)
+    assert rules.next_tick(busy=0.02, stretched=False) == 1.0
+    assert rules.next_tick(busy=0.5, stretched=False) == rules.tick
+    assert rules.next_tick(busy=0.02, stretched=True) == rules.tick  # a slowed fleet is watched
+
+
+class CountingPace(ReportPace):
+    """A real pace that keeps how many probes each window it judged held."""
+
+    def __init__(self, rules: PaceRules) -> None:
+        super().__init__(rules, budget=lambda: 5.0)
+        self.probes: list[int] = []
+
+    def judge(
+        self, lags: Sequence[float], now: float, delays: Sequence[float] = (), busy: float = 1.0
+    ) -> float | None:
+        self.probes.append(len(lags))
+        return super().judge(lags, now, delays, busy)
+
+
+@pytest.mark.timeout(20)
+def test_an_idle_loop_is_probed_at_the_resting_tick_and_a_busy_process_at_the_tick() -> None:
+    rules = PaceRules(tick=0.02, window=0.4, resting_tick=0.2, resting_below=0.3)
+    pace = CountingPace(rules)
+    burning = threading.Event()
+
+    def burn() -> None:  # the process busy (hashlib lets go of the interpreter), the loop free
+        data = os.urandom(1 << 20)
+        while burning.is_set():
+            hashlib.sha256(data).digest()
+
+    async def run() -> None:
+        probe = asyncio.create_task(LoopLagProbe(pace, ReportDelays(), lambda _s: None).run())
+        try:
+            await asyncio.sleep(1.3)  # idle: the first window at the tick, then resting
+            idle = len(pace.probes)
+            burning.set()
+            burner = threading.Thread(target=burn, daemon=True)
+            burner.start()
+            await asyncio.sleep(1.3)
+            burning.clear()
+            burner.join(5)
+            busy_windows = pace.probes[idle:]
+            assert pace.probes[0] >= 15  # 0.4 s at 0.02
+            assert max(pace.probes[1:idle]) <= 3  # 0.4 s at 0.2
+            # Once a window saw the process busy, the next ones probe at the tick again.
+            assert max(busy_windows) >= 15, pace.probes
+        finally:
+            probe.cancel()
+
+    asyncio.run(run())

@@ -21,6 +21,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import uvloop
+
 from controller import heap
 from controller.bmc.gateway import PoolGateway
 from controller.bmc.loop_share import READER_SLOW_ABOVE
@@ -133,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller's Ctrl-C is for it to handle
     os.nice(NICENESS)
-    return asyncio.run(serve(args))
+    # uvloop (libuv): a reader's loop does little but connect, write and
+    # read sockets, which cost about a third less CPU there (a power read
+    # 0.14 ms against 0.20 on asyncio's own loop, bench/bmc_read_cost.py).
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(serve(args))
 
 
 if __name__ == "__main__":
