@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -39,14 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "proto"), str(ROOT / "bench")]
 
 from bmc_loop_share import cpu_seconds, pct  # noqa: E402
-from fleet_load import responder_main  # noqa: E402
+from fleet_load import responder_on_free_port  # noqa: E402
 
 from controller import heap  # noqa: E402
 from controller.bmc.gateway import PoolGateway  # noqa: E402
 from controller.bmc.pool import BmcPool  # noqa: E402
 from controller.core.leaks import DEFAULT_LEAK_SPREAD as SPREAD  # noqa: E402
 from controller.core.model import BmcTarget  # noqa: E402
-from controller.sim.ports import free_port  # noqa: E402
 
 
 async def passes(
@@ -129,21 +127,12 @@ def main() -> int:
     )
     args = parser.parse_args()
     heap.settle()  # the collector set as kiln-controller sets it once serving
-    port = free_port()
-    parent, child = multiprocessing.Pipe()
-    responder = multiprocessing.Process(target=responder_main, args=(child, port), daemon=True)
-    responder.start()
-    if parent.recv() != "ready":
-        raise SystemExit("the stand-in responder did not start")
     print(
         f"bmc_pass_spread: {args.bmcs} answering Redfish BMCs (the fleet_load stand-in), "
         f"{args.passes} passes each way through PoolGateway.poll_power, 256 at once"
     )
-    try:
+    with responder_on_free_port() as port:
         return asyncio.run(run(port, args.bmcs, args.passes, args.span))
-    finally:
-        parent.send(("stop",))
-        responder.join(5)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import statistics
 import sys
 from collections.abc import Awaitable, Callable
@@ -49,14 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "proto"), str(ROOT / "bench")]
 
 from bmc_loop_share import cpu_seconds  # noqa: E402
-from fleet_load import responder_main  # noqa: E402
+from fleet_load import responder_on_free_port  # noqa: E402
 
 from controller import heap  # noqa: E402
 from controller.bmc import http_get  # noqa: E402
 from controller.bmc.gateway import PoolGateway  # noqa: E402
 from controller.bmc.pool import BmcPool  # noqa: E402
 from controller.core.model import BmcTarget  # noqa: E402
-from controller.sim.ports import free_port  # noqa: E402
 
 AT_ONCE = 64
 HEADERS = {
@@ -216,21 +214,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     heap.settle()
-    port = free_port()
-    parent, child = multiprocessing.Pipe()
-    responder = multiprocessing.Process(target=responder_main, args=(child, port), daemon=True)
-    responder.start()
-    if parent.recv() != "ready":
-        raise SystemExit("the stand-in responder did not start")
     print(
         f"bmc_read_cost: {args.reads} Redfish power reads a way against the fleet_load "
         f"stand-in responder, {AT_ONCE} at once, {args.rounds} rounds"
     )
-    try:
+    with responder_on_free_port() as port:
         return run(port, args.reads, args.rounds)
-    finally:
-        parent.send(("stop",))
-        responder.join(5)
 
 
 if __name__ == "__main__":

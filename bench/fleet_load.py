@@ -30,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import random
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -52,6 +53,7 @@ from agent.client import AGENT_VERSION, gpu_pb, health_pb  # noqa: E402
 from agent.gpu_inventory import read_inventory  # noqa: E402
 from agent.health import HealthSampler  # noqa: E402
 from agent.nvml import open_backend  # noqa: E402
+from controller.sim.ports import free_port  # noqa: E402
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc  # noqa: E402
 
 PART = "h200"
@@ -454,6 +456,23 @@ def _system_doc(ident: str) -> dict[str, Any]:
         "PowerState": "On",
         "Status": {"State": "Enabled", "Health": "OK"},
     }
+
+
+@contextlib.contextmanager
+def responder_on_free_port() -> Iterator[int]:
+    """The stand-in responder in a process of its own on a free loopback
+    port, for a benchmark's ``with`` block: the port; stopped after."""
+    port = free_port()
+    parent, child = multiprocessing.Pipe()
+    responder = multiprocessing.Process(target=responder_main, args=(child, port), daemon=True)
+    responder.start()
+    if parent.recv() != "ready":
+        raise SystemExit("the stand-in responder did not start")
+    try:
+        yield port
+    finally:
+        parent.send(("stop",))
+        responder.join(5)
 
 
 def responder_main(conn: Connection, port: int) -> None:
