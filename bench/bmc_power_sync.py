@@ -5,8 +5,9 @@ process (SQLite in a temporary directory, loopback, so no authentication)
 holds ``--nodes`` nodes, each with its own Redfish system URL on a latency
 responder, and runs its own power sync every ``--interval`` seconds
 (``--power-sync-interval``): ``PowerSync.run_once`` reads every node, unseals
-its BMC password, polls every BMC through ``PoolGateway.poll_power`` (sushy in
-the BMC worker threads, 256 by default, 256 BMCs at once) and writes back
+its BMC password, polls every BMC through ``PoolGateway.poll_power`` (for
+Redfish one GET on the event loop, ``controller/bmc/http_get.py``; with
+``--bmc-readers`` in the readers; 256 BMCs at once) and writes back
 only the nodes whose power or BMC health changed. Each pass ends with the
 controller's own log line ``power sync: N BMCs in X.Xs, W changed, D not as
 expected``, which is what is parsed: wall time and rows written per pass.
