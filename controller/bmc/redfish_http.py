@@ -40,8 +40,10 @@ _READ_CHUNK = 64 * 1024
 
 
 class RedfishHttp:
-    """The pool's aiohttp session, made on first use in the running event
-    loop (a pool serves one loop) and closed with the pool."""
+    """The pool's HTTP client: reads straight to a BMC through ``http_get``,
+    reads through a proxy on an aiohttp session made on the first such read
+    in the running event loop (a pool serves one loop); closed with the
+    pool, which ends the reads still under way."""
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
