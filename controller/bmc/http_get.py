@@ -25,7 +25,10 @@ otherwise, the rest never read). Failures are the standard library's:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import ssl
+import time
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 from urllib.parse import urljoin, urlsplit
@@ -96,6 +99,48 @@ class Address:
             lines.append(f"{name}: {value}\r\n")
         lines.append("Connection: close\r\n\r\n")
         return "".join(lines).encode("latin-1")
+
+
+class Names:
+    """Host names resolved once for ``ttl`` seconds (as aiohttp's connector
+    kept them: 300 s), so that a fleet whose BMC URLs name hosts does not
+    ask its resolver again for every read. An address literal is its own
+    answer; a name whose every address refused a connection is forgotten."""
+
+    def __init__(self, ttl: float = 300.0) -> None:
+        self._ttl = ttl
+        self._known: dict[str, tuple[float, list[str]]] = {}
+
+    async def resolve(self, host: str) -> list[str]:
+        """The addresses to try for ``host``, in the resolver's order.
+
+        Raises:
+            OSError: the name does not resolve (socket.gaierror).
+        """
+        known = self._known.get(host)
+        now = time.monotonic()
+        if known is not None and known[0] > now:
+            return known[1]
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            pass
+        else:
+            self._known[host] = (float("inf"), [host])
+            return [host]
+        addresses = await self._lookup(host)
+        if not addresses:
+            raise OSError(f"{host} resolves to no address")
+        self._known[host] = (now + self._ttl, addresses)
+        return addresses
+
+    async def _lookup(self, host: str) -> list[str]:
+        """Ask the resolver (the loop's getaddrinfo, in its thread pool)."""
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+    def forget(self, host: str) -> None:
+        self._known.pop(host, None)
 
 
 class _Answer(asyncio.Protocol):
@@ -211,13 +256,16 @@ async def get(
     timeout: float,
     connect_timeout: float,
     limit: int,
+    names: Names | None = None,
 ) -> tuple[int, bytes]:
     """GET ``url`` on a new connection: the status and at most ``limit``
     bytes of the body. ``tls`` is the context for an https URL. Redirects
     are followed as requests and aiohttp follow them (at most
     ``MAX_REDIRECTS``; the Authorization header dropped when one leads to
     another host, port or scheme), each on a new connection, all within
-    ``timeout``. Every connection is closed on every way out.
+    ``timeout``. Every connection is closed on every way out. ``names``
+    keeps host names resolved (without it, each connection resolves its
+    host anew).
 
     Raises:
         AnswerTooLarge, ClosedEarly, NotHttp, TimeoutError, ssl.SSLError,
@@ -226,7 +274,7 @@ async def get(
     address = Address.of(url)
     async with asyncio.timeout(timeout):
         for _ in range(MAX_REDIRECTS + 1):
-            answer = await _get_once(address, headers, tls, connect_timeout, limit)
+            answer = await _get_once(address, headers, tls, connect_timeout, limit, names)
             if answer.status not in _REDIRECTS or not answer.location:
                 return answer.status, answer.body
             url = urljoin(url, answer.location)
@@ -243,6 +291,7 @@ async def _get_once(
     tls: ssl.SSLContext | None,
     connect_timeout: float,
     limit: int,
+    names: Names | None,
 ) -> Answer:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Answer] = loop.create_future()
@@ -251,13 +300,23 @@ async def _get_once(
     if address.tls and context is None:
         raise ValueError("an https address needs a TLS context")
     async with asyncio.timeout(connect_timeout):
-        transport, _ = await loop.create_connection(
-            lambda: _Answer(request, limit, done),
-            address.host,
-            address.port,
-            ssl=context,
-            server_hostname=address.host if context is not None else None,
-        )
+        hosts = [address.host] if names is None else await names.resolve(address.host)
+        for i, host in enumerate(hosts):
+            try:
+                transport, _ = await loop.create_connection(
+                    lambda: _Answer(request, limit, done),
+                    host,
+                    address.port,
+                    ssl=context,
+                    server_hostname=address.host if context is not None else None,
+                )
+                break
+            except OSError:
+                if i + 1 < len(hosts):
+                    continue  # the host's next address
+                if names is not None:
+                    names.forget(address.host)  # resolved anew next time
+                raise
     try:
         return await done
     finally:

@@ -51,6 +51,7 @@ class RedfishHttp:
         # The contexts for reads straight to a BMC (``http_get``) when
         # ``verify`` is True (the system's CAs) or False (nothing checked).
         self._plain_contexts: dict[bool, ssl.SSLContext] = {}
+        self._names = http_get.Names()  # the BMCs' host names, resolved for a while
         # The tasks in a read through ``http_get`` now, and those of them
         # that closing the pool cancelled.
         self._reading: set[asyncio.Task[object]] = set()
@@ -155,6 +156,7 @@ class RedfishHttp:
                 timeout=timeout,
                 connect_timeout=connect_timeout,
                 limit=limit,
+                names=self._names,
             )
         except asyncio.CancelledError:
             if task not in self._ended:

@@ -20,7 +20,7 @@ import pytest
 from bmc_peers import PASSWORD, USER, make_pool
 
 from controller.bmc import BmcCredentials, PowerState, parse_bmc_url
-from controller.bmc.http_get import AnswerTooLarge, ClosedEarly, NotHttp, get
+from controller.bmc.http_get import AnswerTooLarge, ClosedEarly, Names, NotHttp, get
 from controller.bmc.redfish_http import RedfishHttp
 from controller.core.errors import BmcUnreachable, KilnError
 
@@ -234,3 +234,42 @@ async def test_through_the_driver_each_failure_is_a_kiln_error_without_the_passw
                 if kind == "BmcUnreachable":
                     assert isinstance(info.value, BmcUnreachable)
                     assert "closed connection without response" in str(info.value)
+
+
+class CountedNames(Names):
+    """The pool's name cache, counting the questions it puts to the resolver."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lookups = 0
+
+    async def _lookup(self, host: str) -> list[str]:
+        self.lookups += 1
+        return await super()._lookup(host)
+
+
+async def test_host_names_are_resolved_once_and_again_after_a_failed_connection() -> None:
+    names = CountedNames()
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    async def read_via(url: str) -> tuple[int, bytes]:
+        return await get(
+            url, AUTH, tls=None, timeout=5.0, connect_timeout=2.0, limit=100, names=names
+        )
+
+    async with peer(fixed(ok)) as p:
+        # "localhost" may resolve to ::1 first: the peer listens on 127.0.0.1 only,
+        # so the next address is tried.
+        url = f"http://localhost:{p.port}/redfish/v1/Systems/s1"
+        assert await read_via(url) == (200, b"ok")
+        assert await read_via(url) == (200, b"ok")
+        assert names.lookups == 1
+        assert await read_via(p.url()) == (200, b"ok")  # an address is its own answer
+        assert names.lookups == 1
+        assert f"Host: localhost:{p.port}" in p.requests[0].decode()  # the name, not the address
+    with pytest.raises(OSError):
+        await read_via(url)  # the peer is gone: every address refuses
+    assert names.lookups == 1
+    with pytest.raises(OSError):
+        await read_via(url)
+    assert names.lookups == 2  # the name was forgotten after the failure
