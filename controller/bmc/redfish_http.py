@@ -152,7 +152,8 @@ class RedfishHttp:
             return await http_get.get(
                 url,
                 headers,
-                tls=self._context(tls),
+                # An http URL needs no context (none is made for it).
+                tls=self._context(tls) if url.startswith("https:") else None,
                 timeout=timeout,
                 connect_timeout=connect_timeout,
                 limit=limit,
