@@ -277,21 +277,24 @@ class HealthWire:
     """Each node's latest report in its wire form, built once per report.
 
     A report is an immutable value replaced by the next one, so its message
-    is kept with it (by identity) and copied into each ``Node`` that shows
-    it: a fleet polled by ``GetNode``/``ListNodes`` converts a report once,
-    not once per read. One entry per node (``forget`` drops a removed one).
+    is kept by the report's version (``NodeInfo.health_version``) and copied
+    into each ``Node`` that shows it: a fleet polled by
+    ``GetNode``/``ListNodes`` converts a report once, not once per read. One
+    entry per node (``forget`` drops a removed one); a report of version 0
+    is converted each time.
     """
 
     def __init__(self) -> None:
-        self._by_node: dict[str, tuple[HealthReport, bytes]] = {}
+        self._by_node: dict[str, tuple[int, bytes]] = {}
 
-    def serialized(self, node: str, health: HealthReport) -> bytes:
+    def serialized(self, node: str, health: HealthReport, version: int) -> bytes:
         kept = self._by_node.get(node)
-        if kept is not None and kept[0] is health:
+        if version and kept is not None and kept[0] == version:
             return kept[1]
         msg = health_pb(health)
         data = msg.SerializeToString() if msg is not None else b""
-        self._by_node[node] = (health, data)
+        if version:
+            self._by_node[node] = (version, data)
         return data
 
     def forget(self, node: str) -> None:
@@ -308,7 +311,7 @@ def node_pb(n: NodeInfo, wire: HealthWire | None = None) -> fleet_pb2.Node:
     )
     if n.health is not None:
         if wire is not None:
-            msg.health.MergeFromString(wire.serialized(n.name, n.health))
+            msg.health.MergeFromString(wire.serialized(n.name, n.health, n.health_version))
         else:
             health = health_pb(n.health)
             assert health is not None

@@ -311,7 +311,7 @@ class Allocations:
         second, recomputing every reporting node's spec was half of each
         scheduling pass). Then a dict lookup unless the node is held."""
         before = self._nodes.verdict(node)
-        if self._nodes.judge(node, health) != before:
+        if self._nodes.judge(node, health, self._nodes.live.version(node)) != before:
             self.specs.touch(node)
         held = self._nodes.view.get(node)
         if held is not None and held.allocation_id and held.state in HELD_STATES:

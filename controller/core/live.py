@@ -16,8 +16,15 @@ transactional where they happen (a report that carries drift records its
 ``pressure`` says how far behind the write-behind is (samples waiting vs the
 batch it writes per flush), for the backpressure the agent service applies.
 
+Each report is held packed (``core/health.py`` ``pack_report``: plain
+tuples, which the cyclic garbage collector stops tracking once it has seen
+them), so a fleet's latest reports add nothing to the collector's pauses;
+``health`` unpacks a typed copy. ``version`` numbers each node's latest
+report (it changes with every report), for what is worked out once per
+report and kept (the baseline gate's verdict, a report's wire form).
+
 ``listen`` adds a function told of every report as it lands (not of a bare
-sighting), on the event loop, e.g. the per-allocation health tallies
+sighting), once it is held, on the event loop, e.g. the per-allocation health tallies
 (``controller/core/job_health.py``). A listener runs on the hot path of every
 agent's every report: it must be cheap and must not block; one that raises
 is logged and does not stop the report from landing.
@@ -32,7 +39,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from controller.core.health import HealthReport, HealthSample
+from controller.core.health import (
+    HealthReport,
+    HealthSample,
+    PackedReport,
+    pack_report,
+    unpack_report,
+)
 from controller.core.ports import Store
 
 log = logging.getLogger(__name__)
@@ -71,7 +84,14 @@ class LiveHealth:
         self.flush_interval = flush_interval
         self.batch = batch
         self._clock = clock
-        self._latest: dict[str, HealthSample] = {}
+        # Per node, in dicts of plain values (nothing for the collector to
+        # track a report): when its agent was last heard from, and its
+        # latest report packed with that report's version. A node with
+        # sightings only is in ``_seen`` alone.
+        self._seen: dict[str, float] = {}
+        self._reports: dict[str, PackedReport] = {}
+        self._versions: dict[str, int] = {}
+        self._numbered = 0  # reports held since start
         self._dirty: set[str] = set()
         self._history: dict[str, deque[tuple[float, float]]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -86,25 +106,24 @@ class LiveHealth:
         """The node's agent just reported ``health`` (None: a sighting only,
         e.g. a registration, which keeps the last report)."""
         at = self._clock() if seen_at is None else seen_at
-        previous = self._latest.get(node)
-        if health is not None:
-            for listener in self._listeners:
-                try:
-                    listener(node, health, at)
-                except Exception:
-                    self._listener_failed(node)
-        elif previous is not None:
-            health = previous.health
-        # A sample without a report keeps the stored one (save_health_batch).
-        self._latest[node] = HealthSample(node, health, at)
+        self._seen[node] = at
         self._dirty.add(node)
-        if health is not None and health is not getattr(previous, "health", None):
-            hottest = hottest_c(health)
-            if hottest is not None:
-                points = self._history.get(node)
-                if points is None:
-                    points = self._history[node] = deque(maxlen=HISTORY)
-                points.append((health.sampled_at or at, hottest))
+        if health is None:
+            return  # a sighting: the report held stays (and the stored one, save_health_batch)
+        self._numbered += 1
+        self._versions[node] = self._numbered
+        self._reports[node] = pack_report(health)
+        hottest = hottest_c(health)
+        if hottest is not None:
+            points = self._history.get(node)
+            if points is None:
+                points = self._history[node] = deque(maxlen=HISTORY)
+            points.append((health.sampled_at or at, hottest))
+        for listener in self._listeners:
+            try:
+                listener(node, health, at)
+            except Exception:
+                self._listener_failed(node)
 
     def listen(self, listener: HealthListener) -> None:
         """Tell ``listener`` of every report from now on (see the module docstring)."""
@@ -118,7 +137,9 @@ class LiveHealth:
 
     def forget(self, node: str) -> None:
         """Drop a removed node's samples (a pending one is not written)."""
-        self._latest.pop(node, None)
+        self._seen.pop(node, None)
+        self._reports.pop(node, None)
+        self._versions.pop(node, None)
         self._dirty.discard(node)
         self._history.pop(node, None)
 
@@ -129,18 +150,34 @@ class LiveHealth:
     def seed(self, node: str, health: HealthReport | None, seen_at: float) -> None:
         """What the store already holds for ``node`` (at start): kept, not
         written again; a sample that came since wins."""
-        if node not in self._latest:
-            self._latest[node] = HealthSample(node, health, seen_at)
+        if node not in self._seen:
+            self._seen[node] = seen_at
+            if health is not None:
+                self._numbered += 1
+                self._versions[node] = self._numbered
+                self._reports[node] = pack_report(health)
 
     def health(self, node: str) -> HealthReport | None:
-        """The latest report held in memory (None: none since start)."""
-        sample = self._latest.get(node)
-        return sample.health if sample is not None else None
+        """The latest report held in memory (None: none since start), as a
+        typed copy: equal each time until the next report, not the same object."""
+        packed = self._reports.get(node)
+        return unpack_report(packed) if packed is not None else None
+
+    def version(self, node: str) -> int:
+        """The number of the node's latest report: it changes with every
+        report (0: none held)."""
+        return self._versions.get(node, 0)
 
     def last_seen(self, node: str) -> float:
         """When the node's agent was last heard from since start (0: not yet)."""
-        sample = self._latest.get(node)
-        return sample.seen_at if sample is not None else 0.0
+        return self._seen.get(node, 0.0)
+
+    def _sample(self, node: str) -> HealthSample | None:
+        seen_at = self._seen.get(node)
+        if seen_at is None:
+            return None
+        packed = self._reports.get(node)
+        return HealthSample(node, unpack_report(packed) if packed is not None else None, seen_at)
 
     @property
     def pending(self) -> int:
@@ -178,7 +215,7 @@ class LiveHealth:
         self._dirty.clear()
         for start in range(0, len(names), self.batch):
             batch = names[start : start + self.batch]
-            samples = [self._latest[n] for n in batch if n in self._latest]
+            samples = [s for s in map(self._sample, batch) if s is not None]
             try:
                 written += await self._store.tx(
                     lambda tx, s=samples: tx.nodes.save_health_batch(s)  # type: ignore[misc]

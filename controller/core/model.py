@@ -85,6 +85,9 @@ class NodeInfo:
     power_block: str = ""  # why it may not be powered on (a coolant leak); "": nothing
     kind: NodeKind = NodeKind.COMPUTE
     rack_hold: str = ""  # why its rack's bring-up holds it from new work; "": nothing
+    # ``health``'s number (``LiveHealth.version``): changes with every report,
+    # for what is worked out once per report (0: unknown, work it out again).
+    health_version: int = 0
 
 
 class DetectorHealth(enum.StrEnum):

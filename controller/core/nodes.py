@@ -161,9 +161,9 @@ class Nodes:
     ) -> None:
         self._store = store
         self.baseline_gate = baseline_gate
-        # The gate's verdict per node, kept with the report it judged (a
-        # report is immutable: judged once, however often it is read).
-        self._verdicts: dict[str, tuple[HealthReport, str]] = {}
+        # The gate's verdict per node, kept with the version of the report it
+        # judged (a report is immutable: judged once, however often it is read).
+        self._verdicts: dict[str, tuple[int, str]] = {}
         self._bmc = bmc
         self._agents = agents
         self.live = live or LiveHealth(store)
@@ -227,19 +227,25 @@ class Nodes:
     def unhealthy(self, node: NodeRecord) -> str:
         """Why the node's latest report fails the fleet's baseline gate ("" when
         it passes, or when there is no gate or no report with GPUs yet)."""
+        version = self.live.version(node.name)
+        kept = self._verdicts.get(node.name)
+        if version and kept is not None and kept[0] == version:
+            return kept[1]
         health = self.latest_health(node)
-        return "" if health is None else self.judge(node.name, health)
+        return "" if health is None else self.judge(node.name, health, version)
 
-    def judge(self, name: str, health: HealthReport) -> str:
+    def judge(self, name: str, health: HealthReport, version: int = 0) -> str:
         """``unhealthy`` of ``name`` were ``health`` its latest report: judged
-        once per report and kept with it (a report arriving is judged before
-        it is the latest, so that only a changed verdict reschedules)."""
+        once per report and kept by the report's ``LiveHealth.version``
+        (a listener judges a report as it lands, so that only a changed
+        verdict reschedules; version 0, a report not held there: judged
+        again each time)."""
         kept = self._verdicts.get(name)
-        if kept is not None and kept[0] is health:
+        if version and kept is not None and kept[0] == version:
             return kept[1]
         gate = self.baseline_gate
         verdict = "" if gate is None or not health.gpus else "; ".join(gate_problems(gate, health))
-        self._verdicts[name] = (health, verdict)
+        self._verdicts[name] = (version, verdict)
         return verdict
 
     def verdict(self, name: str) -> str | None:
@@ -286,6 +292,7 @@ class Nodes:
             nvlink_domain=node.nvlink_domain,
             allocation=node.allocation_id,
             health=self.latest_health(node),
+            health_version=self.live.version(node.name),
             profile=node.profile,
             updated_at=node.updated_at,
             schedulable=self.schedulable(node),

@@ -355,11 +355,17 @@ def test_a_report_goes_to_the_wire_once_and_reads_the_same() -> None:
 
     wire = convert.HealthWire()
     first = HealthReport(sampled_at=1.0, gpus=(GpuHealth(index=0, temp_c=41.0, xids=(79,)),))
-    data = wire.serialized("n1", first)
-    assert wire.serialized("n1", first) is data  # kept: the same report is not converted again
+    data = wire.serialized("n1", first, 7)
+    # Kept by the report's version: an equal copy of it is not converted again.
+    copy = HealthReport(sampled_at=1.0, gpus=(GpuHealth(index=0, temp_c=41.0, xids=(79,)),))
+    assert wire.serialized("n1", copy, 7) is data
     expected = convert.health_pb(first)
     assert expected is not None and data == expected.SerializeToString()
     later = HealthReport(sampled_at=2.0, gpus=(GpuHealth(index=0, temp_c=55.0),))
-    assert wire.serialized("n1", later) != data  # a new report: converted afresh
+    assert wire.serialized("n1", later, 8) != data  # a new report: converted afresh
+    # Version 0 (a report not held in memory): converted each time, never kept.
+    assert wire.serialized("n1", first, 0) == data
+    assert wire.serialized("n1", first, 0) is not wire.serialized("n1", first, 0)
+    assert wire.serialized("n1", copy, 8) != data  # version 8 is still ``later``'s
     wire.forget("n1")
-    assert wire.serialized("n1", first) == data
+    assert wire.serialized("n1", first, 9) == data

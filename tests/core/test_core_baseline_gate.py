@@ -95,3 +95,32 @@ async def test_a_report_marks_its_node_for_the_scheduler_only_when_the_verdict_c
         await f.agent_health("n1", report())
         assert marked == [*first, "n1", "n1", "n1"]
         assert (await f.get_node("n1")).schedulable
+
+
+async def test_a_report_is_judged_once_however_often_it_is_read(
+    make_fleet: Callable[..., Fleet], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate's verdict is kept with the report's version: reads (GetNode,
+    the scheduler's specs, ListNodes) of the same report do not judge it
+    again; a new report is judged once."""
+    from controller.core import nodes as nodes_module
+
+    judged: list[int] = []
+    real = nodes_module.gate_problems
+
+    def counting(gate: object, health: HealthReport) -> list[str]:
+        judged.append(len(health.gpus))
+        return real(gate, health)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(nodes_module, "gate_problems", counting)
+    async with fleet_of(make_fleet) as f:
+        await f.agent_health("n1", report(nvlink_down=(2,)))
+        assert len(judged) == 1
+        for _ in range(5):
+            assert not (await f.get_node("n1")).schedulable
+            await f.list_nodes()
+        assert len(judged) == 1
+        await f.agent_health("n1", report())
+        assert len(judged) == 2
+        assert (await f.get_node("n1")).schedulable
+        assert len(judged) == 2

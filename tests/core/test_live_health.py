@@ -180,3 +180,79 @@ async def test_a_report_for_an_unknown_node_is_dropped(make_fleet: Callable[...,
     fleet = make_fleet()
     assert await fleet.nodes.agent_health("nobody", report(1.0)) is None
     assert fleet.live.pending == 0
+
+
+def eight_gpus(at: float) -> HealthReport:
+    """A report shaped as an 8-GPU node's: numbers, strings and tuples of them."""
+    gpus = tuple(
+        GpuHealth(
+            index=i,
+            uuid=f"GPU-{i:08d}",
+            temp_c=40.0 + i,
+            power_w=300.5,
+            sm_clock_mhz=1980,
+            xids=(79,) if i == 3 else (),
+            nvlink_down=(1, 2) if i == 5 else (),
+            errors=("remapped rows: Not Supported",),
+        )
+        for i in range(8)
+    )
+    return HealthReport(sampled_at=at, gpus=gpus, bmc_temps_c=(30.0, 31.5), drift=("x",))
+
+
+def typed_objects(objects: list[object]) -> int:
+    return sum(1 for o in objects if isinstance(o, (GpuHealth, HealthReport)))
+
+
+@pytest.mark.timeout(60)
+def test_the_latest_reports_are_held_out_of_the_collectors_sight(store: Store) -> None:
+    """Typed, each held 8-GPU report was 11 objects more for every young
+    collection to walk; held packed (bytes), it is none: what stays tracked
+    is each node's history of (time, temperature) points."""
+    import gc
+
+    live = LiveHealth(store)
+    nodes = [f"n{i}" for i in range(500)]
+    for name in nodes:  # sightings: the nodes' entries, no report yet
+        live.note(name, None, seen_at=1.0)
+    gc.collect()
+    before = len(gc.get_objects())
+    typed_before = typed_objects(gc.get_objects())
+    for name in nodes:
+        live.note(name, eight_gpus(1.0))
+        live.note(name, eight_gpus(2.0))  # the first one replaced
+    gc.collect()
+    gc.collect()
+    tracked = (len(gc.get_objects()) - before) / len(nodes)
+    # One: the node's history of (time, temperature) points, a deque.
+    assert tracked < 1.5, f"{tracked:.1f} tracked objects a held report"
+    assert typed_objects(gc.get_objects()) == typed_before  # none held typed
+    assert live.health("n7") == eight_gpus(2.0)
+
+
+@pytest.mark.timeout(30)
+def test_a_report_reads_back_equal_with_a_version_that_moves_with_reports(
+    store: Store,
+) -> None:
+    live = LiveHealth(store)
+    assert live.version("n1") == 0 and live.health("n1") is None
+    live.note("n1", None, seen_at=5.0)  # a sighting: no report, no version
+    assert live.version("n1") == 0 and live.health("n1") is None and live.last_seen("n1") == 5.0
+    sent = eight_gpus(10.0)
+    live.note("n1", sent, seen_at=11.0)
+    first = live.version("n1")
+    assert first > 0
+    read = live.health("n1")
+    assert read == sent and read is not sent  # a typed copy, equal to what came
+    assert live.version("n1") == first  # reading changes nothing
+    live.note("n1", None, seen_at=12.0)  # a sighting keeps the report and its version
+    assert live.version("n1") == first and live.health("n1") == sent
+    assert live.last_seen("n1") == 12.0
+    live.note("n1", eight_gpus(20.0))
+    assert live.version("n1") > first and live.health("n1") == eight_gpus(20.0)
+    live.seed("n2", eight_gpus(3.0), 4.0)  # from the store at start
+    assert live.version("n2") > 0 and live.health("n2") == eight_gpus(3.0)
+    live.seed("n1", eight_gpus(1.0), 1.0)  # what came since wins
+    assert live.health("n1") == eight_gpus(20.0)
+    live.forget("n1")
+    assert live.version("n1") == 0 and live.health("n1") is None
