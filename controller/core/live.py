@@ -16,9 +16,9 @@ transactional where they happen (a report that carries drift records its
 ``pressure`` says how far behind the write-behind is (samples waiting vs the
 batch it writes per flush), for the backpressure the agent service applies.
 
-Each report is held packed (``core/health.py`` ``pack_report``: plain
-tuples, which the cyclic garbage collector stops tracking once it has seen
-them), so a fleet's latest reports add nothing to the collector's pauses;
+Each report is held packed (``core/health.py`` ``pack_report``: bytes,
+plain tuples written by ``marshal``, which the cyclic garbage collector
+never tracks), so a fleet's latest reports add nothing to its pauses;
 ``health`` unpacks a typed copy. ``version`` numbers each node's latest
 report (it changes with every report), for what is worked out once per
 report and kept (the baseline gate's verdict, a report's wire form).
