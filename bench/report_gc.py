@@ -108,7 +108,6 @@ def one_round(nodes: int, raw: bytes, store: SqlStore) -> dict[str, float]:
         del live
         gc.collect()
 
-        began = time.perf_counter()
         held: dict[str, bytes] = {}
         for name in names:
             message = agent_pb2.AgentMessage.FromString(raw)

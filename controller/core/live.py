@@ -110,9 +110,7 @@ class LiveHealth:
         self._dirty.add(node)
         if health is None:
             return  # a sighting: the report held stays (and the stored one, save_health_batch)
-        self._numbered += 1
-        self._versions[node] = self._numbered
-        self._reports[node] = pack_report(health)
+        self._hold(node, health)
         hottest = hottest_c(health)
         if hottest is not None:
             points = self._history.get(node)
@@ -153,9 +151,13 @@ class LiveHealth:
         if node not in self._seen:
             self._seen[node] = seen_at
             if health is not None:
-                self._numbered += 1
-                self._versions[node] = self._numbered
-                self._reports[node] = pack_report(health)
+                self._hold(node, health)
+
+    def _hold(self, node: str, health: HealthReport) -> None:
+        """Keep ``health`` packed as the node's latest report, numbered anew."""
+        self._numbered += 1
+        self._versions[node] = self._numbered
+        self._reports[node] = pack_report(health)
 
     def health(self, node: str) -> HealthReport | None:
         """The latest report held in memory (None: none since start), as a

@@ -228,9 +228,9 @@ class Nodes:
         """Why the node's latest report fails the fleet's baseline gate ("" when
         it passes, or when there is no gate or no report with GPUs yet)."""
         version = self.live.version(node.name)
-        kept = self._verdicts.get(node.name)
-        if version and kept is not None and kept[0] == version:
-            return kept[1]
+        kept = self._kept_verdict(node.name, version)
+        if kept is not None:
+            return kept
         health = self.latest_health(node)
         return "" if health is None else self.judge(node.name, health, version)
 
@@ -240,13 +240,19 @@ class Nodes:
         (a listener judges a report as it lands, so that only a changed
         verdict reschedules; version 0, a report not held there: judged
         again each time)."""
-        kept = self._verdicts.get(name)
-        if version and kept is not None and kept[0] == version:
-            return kept[1]
+        kept = self._kept_verdict(name, version)
+        if kept is not None:
+            return kept
         gate = self.baseline_gate
         verdict = "" if gate is None or not health.gpus else "; ".join(gate_problems(gate, health))
         self._verdicts[name] = (version, verdict)
         return verdict
+
+    def _kept_verdict(self, name: str, version: int) -> str | None:
+        """The verdict kept for report ``version`` of ``name`` (None: not
+        judged yet, or version 0, which is judged each time)."""
+        kept = self._verdicts.get(name)
+        return kept[1] if version and kept is not None and kept[0] == version else None
 
     def verdict(self, name: str) -> str | None:
         """The baseline gate's last verdict on ``name`` (None: none judged yet)."""
