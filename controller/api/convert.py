@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from controller.core.audit import AuditEntry
@@ -142,6 +143,8 @@ def power_pb(state: str) -> int:
 
 GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuInfo))
 GPU_HEALTH_FIELDS = tuple(dataclasses.fields(GpuHealth))
+_GPU_HEALTH_NAMES = tuple(f.name for f in GPU_HEALTH_FIELDS)
+_gpu_health_values = operator.attrgetter(*_GPU_HEALTH_NAMES)
 
 
 def gpu_pb(g: GpuInfo) -> types_pb2.Gpu:
@@ -259,9 +262,11 @@ def health_pb(health: HealthReport | None) -> types_pb2.NodeHealth | None:
         bmc_temps_c=list(health.bmc_temps_c),
         drift=list(health.drift),
     )
-    for g in health.gpus:
-        values = {f.name: getattr(g, f.name) for f in GPU_HEALTH_FIELDS}
-        msg.gpus.append(types_pb2.GpuHealth(**{k: v for k, v in values.items() if v is not None}))
+    names, gpu = _GPU_HEALTH_NAMES, types_pb2.GpuHealth
+    msg.gpus.extend(
+        gpu(**{k: v for k, v in zip(names, _gpu_health_values(g), strict=True) if v is not None})
+        for g in health.gpus
+    )
     return msg
 
 
@@ -302,13 +307,8 @@ class HealthWire:
 
 
 def node_pb(n: NodeInfo, wire: HealthWire | None = None) -> fleet_pb2.Node:
-    msg = fleet_pb2.Node(
-        state=NODE_STATE.get(n.state, 0),
-        power=power_pb(n.power),
-        kind=NODE_KIND[n.kind],
-        gpus=[gpu_pb(g) for g in n.gpus],
-        **{name: getattr(n, name) for name in NODE_PLAIN},
-    )
+    msg = _bare_node_pb(n)
+    msg.agent_last_seen = n.agent_last_seen
     if n.health is not None:
         if wire is not None:
             msg.health.MergeFromString(wire.serialized(n.name, n.health, n.health_version))
@@ -317,6 +317,77 @@ def node_pb(n: NodeInfo, wire: HealthWire | None = None) -> fleet_pb2.Node:
             assert health is not None
             msg.health.CopyFrom(health)
     return msg
+
+
+def _bare_node_pb(n: NodeInfo) -> fleet_pb2.Node:
+    """``n`` as a message without what changes with every report: its
+    health report and when its agent was last heard from."""
+    return fleet_pb2.Node(
+        state=NODE_STATE.get(n.state, 0),
+        power=power_pb(n.power),
+        kind=NODE_KIND[n.kind],
+        gpus=[gpu_pb(g) for g in n.gpus],
+        **{name: getattr(n, name) for name in NODE_BARE},
+    )
+
+
+# What a node's bare message is kept by: every field of its ``NodeInfo`` but
+# those that change with every report (``NodeWire``).
+NODE_EVERY_REPORT = frozenset({"health", "health_version", "agent_last_seen"})
+NODE_BARE = tuple(name for name in NODE_PLAIN if name not in NODE_EVERY_REPORT)
+_node_bare_key = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(NodeInfo) if f.name not in NODE_EVERY_REPORT)
+)
+
+
+class NodeWire:
+    """Each node's ``Node`` message kept in wire form while the node stays
+    the same, for the reads that serve many nodes again and again
+    (``GetNode`` polled, ``ListNodes`` pages).
+
+    Built field by field, a page of 500 nodes of 8 GPUs took about 20 ms of
+    the event loop (every other call and report waiting), nearly all of it
+    the same messages built again. Kept per node: its message without the
+    fields that change with every report, by every other field of its
+    ``NodeInfo`` (a node that changed in any of them is built again), and
+    its report by the report's version (``HealthWire``). A message is then
+    parsed from those bytes, and the last sighting set on it.
+    """
+
+    def __init__(self) -> None:
+        self.health = HealthWire()
+        self._bare: dict[str, tuple[tuple[Any, ...], bytes]] = {}
+
+    def node_pb(self, n: NodeInfo) -> fleet_pb2.Node:
+        msg = fleet_pb2.Node()
+        self._fill(msg, n)
+        return msg
+
+    def page_pb(
+        self, nodes: Iterable[NodeInfo], next_page_token: str
+    ) -> fleet_pb2.ListNodesResponse:
+        page = fleet_pb2.ListNodesResponse(next_page_token=next_page_token)
+        add = page.nodes.add
+        for n in nodes:
+            self._fill(add(), n)
+        return page
+
+    def forget(self, node: str) -> None:
+        self._bare.pop(node, None)
+        self.health.forget(node)
+
+    def _fill(self, msg: fleet_pb2.Node, n: NodeInfo) -> None:
+        key = _node_bare_key(n)
+        kept = self._bare.get(n.name)
+        if kept is not None and kept[0] == key:
+            bare = kept[1]
+        else:
+            bare = _bare_node_pb(n).SerializeToString()
+            self._bare[n.name] = (key, bare)
+        msg.MergeFromString(bare)
+        msg.agent_last_seen = n.agent_last_seen
+        if n.health is not None:
+            msg.health.MergeFromString(self.health.serialized(n.name, n.health, n.health_version))
 
 
 def rack_pb(r: RackInfo) -> fleet_pb2.Rack:

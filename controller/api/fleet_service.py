@@ -31,7 +31,7 @@ def _action(value: int) -> str:
 class FleetService(fleet_pb2_grpc.FleetServiceServicer):
     def __init__(self, fleet: Fleet) -> None:
         self._fleet = fleet
-        self._health_wire = convert.HealthWire()  # reports in wire form, once each
+        self._node_wire = convert.NodeWire()  # nodes and reports in wire form, once each
 
     @unary
     async def EnrollNode(
@@ -49,14 +49,11 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
             page_size=request.page_size,
             page_token=request.page_token,
         )
-        return fleet_pb2.ListNodesResponse(
-            nodes=[convert.node_pb(n, self._health_wire) for n in page.items],
-            next_page_token=page.next_token,
-        )
+        return self._node_wire.page_pb(page.items, page.next_token)
 
     @unary
     async def GetNode(self, request: fleet_pb2.GetNodeRequest, context: Ctx) -> fleet_pb2.Node:
-        return convert.node_pb(await self._fleet.get_node(request.name), self._health_wire)
+        return self._node_wire.node_pb(await self._fleet.get_node(request.name))
 
     @unary
     async def PowerNode(
@@ -118,7 +115,7 @@ class FleetService(fleet_pb2_grpc.FleetServiceServicer):
         allocation = await self._fleet.remove_node(
             request.name, force=request.force, reason=request.reason
         )
-        self._health_wire.forget(request.name)
+        self._node_wire.forget(request.name)
         return fleet_pb2.RemoveNodeResponse(name=request.name, allocation=allocation)
 
     @unary

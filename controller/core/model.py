@@ -9,6 +9,7 @@ from typing import Any
 
 from controller.core.health import HealthReport
 from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
+from kiln_common.values import value_class
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class EnrollSpec:
     kind: NodeKind = NodeKind.COMPUTE
 
 
-@dataclass(frozen=True)
+@value_class  # built for every node of every page read: see kiln_common.values
 class NodeInfo:
     name: str
     rack: str
