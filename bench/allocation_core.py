@@ -47,8 +47,8 @@ for _p in (str(ROOT), str(ROOT / "proto"), str(ROOT / "tests" / "core"), str(ROO
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from core_builders import Racks  # noqa: E402
 from core_fakes import FakeBmc  # noqa: E402
+from core_fleet import ready_nodes  # noqa: E402
 from sqlalchemy import event  # noqa: E402
 
 from controller.core.audit import AuditEntry  # noqa: E402
@@ -136,15 +136,7 @@ async def one_round(args: argparse.Namespace) -> tuple[float, float]:
         fleet = Fleet(store, FakeBmc())
         try:
             async with contextlib.AsyncExitStack() as stack:
-                racks = Racks(fleet, stack)
-                names = [f"n{i:05d}" for i in range(args.nodes)]
-                for start in range(0, len(names), 32):
-                    await racks.add(
-                        names[start : start + 32],
-                        rack=f"r{start // 32}",
-                        gpu_count=8,
-                        model="NVIDIA H200",
-                    )
+                await ready_nodes(fleet, stack, args.nodes)
                 await fleet.start()
                 await asyncio.sleep(0.5)
                 await fleet.lifecycle.settle()

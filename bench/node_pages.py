@@ -40,8 +40,8 @@ for _p in (str(ROOT), str(ROOT / "proto"), str(ROOT / "tests" / "core"), str(ROO
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from core_builders import Racks  # noqa: E402
 from core_fakes import FakeBmc  # noqa: E402
+from core_fleet import ready_nodes  # noqa: E402
 
 from controller.api import convert  # noqa: E402
 from controller.core.fleet import Fleet  # noqa: E402
@@ -129,15 +129,7 @@ async def one_round(args: argparse.Namespace) -> dict[str, float]:
         fleet = Fleet(store, FakeBmc())
         try:
             async with contextlib.AsyncExitStack() as stack:
-                racks = Racks(fleet, stack)
-                names = [f"n{i:05d}" for i in range(args.nodes)]
-                for start in range(0, len(names), 32):
-                    await racks.add(
-                        names[start : start + 32],
-                        rack=f"r{start // 32}",
-                        gpu_count=8,
-                        model="NVIDIA H200",
-                    )
+                names = await ready_nodes(fleet, stack, args.nodes)
                 await fleet.start()
                 await fleet.lifecycle.settle()
                 reporting = names[:: args.share]
