@@ -142,8 +142,7 @@ def power_pb(state: str) -> int:
 
 
 GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuInfo))
-GPU_HEALTH_FIELDS = tuple(dataclasses.fields(GpuHealth))
-_GPU_HEALTH_NAMES = tuple(f.name for f in GPU_HEALTH_FIELDS)
+_GPU_HEALTH_NAMES = tuple(f.name for f in dataclasses.fields(GpuHealth))
 _gpu_health_values = operator.attrgetter(*_GPU_HEALTH_NAMES)
 
 
@@ -194,7 +193,7 @@ _GPU_HEALTH_ORDER = (
     "recovery_action",
     "errors",
 )
-if tuple(f.name for f in GPU_HEALTH_FIELDS) != _GPU_HEALTH_ORDER:
+if _GPU_HEALTH_NAMES != _GPU_HEALTH_ORDER:
     raise RuntimeError("GpuHealth's fields changed: update convert.gpu_health_from_pb")
 
 
@@ -308,15 +307,22 @@ class HealthWire:
 
 def node_pb(n: NodeInfo, wire: HealthWire | None = None) -> fleet_pb2.Node:
     msg = _bare_node_pb(n)
-    msg.agent_last_seen = n.agent_last_seen
-    if n.health is not None:
-        if wire is not None:
-            msg.health.MergeFromString(wire.serialized(n.name, n.health, n.health_version))
-        else:
-            health = health_pb(n.health)
-            assert health is not None
-            msg.health.CopyFrom(health)
+    _set_every_report(msg, n, wire)
     return msg
+
+
+def _set_every_report(msg: fleet_pb2.Node, n: NodeInfo, wire: HealthWire | None) -> None:
+    """Set on ``msg`` what changes with every report: the last sighting and
+    the report (its wire form kept by version in ``wire``, when given)."""
+    msg.agent_last_seen = n.agent_last_seen
+    if n.health is None:
+        return
+    if wire is not None:
+        msg.health.MergeFromString(wire.serialized(n.name, n.health, n.health_version))
+    else:
+        health = health_pb(n.health)
+        assert health is not None
+        msg.health.CopyFrom(health)
 
 
 def _bare_node_pb(n: NodeInfo) -> fleet_pb2.Node:
@@ -385,9 +391,7 @@ class NodeWire:
             bare = _bare_node_pb(n).SerializeToString()
             self._bare[n.name] = (key, bare)
         msg.MergeFromString(bare)
-        msg.agent_last_seen = n.agent_last_seen
-        if n.health is not None:
-            msg.health.MergeFromString(self.health.serialized(n.name, n.health, n.health_version))
+        _set_every_report(msg, n, self.health)
 
 
 def rack_pb(r: RackInfo) -> fleet_pb2.Rack:
