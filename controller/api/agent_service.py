@@ -5,7 +5,8 @@ certificate may only register the node its certificate names (see
 ``controller.api.peer_identity``), and an agent token only its own node;
 else the call ends PERMISSION_DENIED.
 After it, two things run side by side: reports flowing up (health, command
-results) and commands flowing down from the node's session in the agent hub.
+results; a relay worker's health reports come parsed, checked and packed,
+``relay/digest.py``) and commands flowing down from the node's session in the agent hub.
 When either side ends, the session is detached and its pending commands fail
 as Unavailable.
 """
@@ -24,9 +25,11 @@ from controller.api import convert
 from controller.api.auth.identity import authorize_agent_token, current_caller
 from controller.api.errors import message_for, status_for
 from controller.api.peer_identity import authorize_node, certificate_expiry, certificate_names
+from controller.api.relay.digest import DigestedReport
 from controller.core.agents import AgentSession, Outgoing
 from controller.core.errors import InvalidArgument, KilnError
 from controller.core.fleet import Fleet
+from controller.core.health import unpack_report
 from controller.core.model import AgentCommand, CommandOutcome, ReportInterval
 from kiln.v1 import agent_pb2, agent_pb2_grpc
 
@@ -63,12 +66,16 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     async def Connect(
         self,
-        request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+        # With --agent-relays, a report comes already converted (relay/digest.py).
+        request_iterator: AsyncIterator[agent_pb2.AgentMessage | DigestedReport],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[agent_pb2.ControllerMessage]:
         try:
             first = await anext(aiter(request_iterator), None)
-            if first is None or first.WhichOneof("body") != "register":
+            if (
+                not isinstance(first, agent_pb2.AgentMessage)
+                or first.WhichOneof("body") != "register"
+            ):
                 raise InvalidArgument("first message must be register")
             reg = first.register
             authorize_node(certificate_names(context.auth_context()), reg.node_name)
@@ -133,7 +140,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self._fleet.agent_disconnected(session)
 
     async def _read(
-        self, session: AgentSession, messages: AsyncIterator[agent_pb2.AgentMessage]
+        self,
+        session: AgentSession,
+        messages: AsyncIterator[agent_pb2.AgentMessage | DigestedReport],
     ) -> KilnError | None:
         """Hand the agent's reports to the Fleet until the stream ends.
 
@@ -144,6 +153,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             async for msg in messages:
                 if session.closed:
                     return None
+                if isinstance(msg, DigestedReport):  # a relay worker made it of the message
+                    health = unpack_report(msg.packed)
+                    await self._fleet.agent_health(session.node, health, msg.packed)
+                    continue
                 body = msg.WhichOneof("body")
                 if body == "health":
                     await self._fleet.agent_health(session.node, convert.health_from_pb(msg.health))

@@ -29,7 +29,7 @@ from controller.core.errors import (
     PermissionDenied,
 )
 from controller.core.eventlog import EventLog
-from controller.core.health import HealthReport
+from controller.core.health import HealthReport, PackedReport
 from controller.core.health_policy import PolicyRunner
 from controller.core.identity import SYSTEM, Caller, Role, TokenInfo
 from controller.core.job_health import AllocationReport
@@ -795,10 +795,14 @@ class Fleet:
             log.info("node %s: agent disconnected", session.node)
             self._spawn(self.nodes.agent_gone(session.node))
 
-    async def agent_health(self, node: str, health: HealthReport) -> None:
+    async def agent_health(
+        self, node: str, health: HealthReport, packed: PackedReport | None = None
+    ) -> None:
+        """An agent's report (``packed``: the same report packed, when the
+        caller has it: a relay worker packed it)."""
         self.report_delays.note(node, health.sampled_at, time.time())
         was_unhealthy = self.nodes.judged_unhealthy(node)
-        rack = await self.nodes.agent_health(node, health)
+        rack = await self.nodes.agent_health(node, health, packed)
         self.meter.health_report()
         if rack is not None:
             if was_unhealthy and not self.nodes.unhealthy_now(node):

@@ -102,15 +102,22 @@ class LiveHealth:
 
     # -- the hot path ----------------------------------------------------------
 
-    def note(self, node: str, health: HealthReport | None, seen_at: float | None = None) -> None:
+    def note(
+        self,
+        node: str,
+        health: HealthReport | None,
+        seen_at: float | None = None,
+        packed: PackedReport | None = None,
+    ) -> None:
         """The node's agent just reported ``health`` (None: a sighting only,
-        e.g. a registration, which keeps the last report)."""
+        e.g. a registration, which keeps the last report); ``packed``, when
+        given, is ``health`` packed already (``pack_report``)."""
         at = self._clock() if seen_at is None else seen_at
         self._seen[node] = at
         self._dirty.add(node)
         if health is None:
             return  # a sighting: the report held stays (and the stored one, save_health_batch)
-        self._hold(node, health)
+        self._hold(node, health, packed)
         hottest = hottest_c(health)
         if hottest is not None:
             points = self._history.get(node)
@@ -153,11 +160,11 @@ class LiveHealth:
             if health is not None:
                 self._hold(node, health)
 
-    def _hold(self, node: str, health: HealthReport) -> None:
+    def _hold(self, node: str, health: HealthReport, packed: PackedReport | None = None) -> None:
         """Keep ``health`` packed as the node's latest report, numbered anew."""
         self._numbered += 1
         self._versions[node] = self._numbered
-        self._reports[node] = pack_report(health)
+        self._reports[node] = pack_report(health) if packed is None else packed
 
     def health(self, node: str) -> HealthReport | None:
         """The latest report held in memory (None: none since start), as a

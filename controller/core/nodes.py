@@ -21,7 +21,7 @@ from controller.core.errors import (
     NotFound,
 )
 from controller.core.eventlog import record
-from controller.core.health import HealthReport
+from controller.core.health import HealthReport, PackedReport
 from controller.core.kinds import EventKind
 from controller.core.live import LiveHealth
 from controller.core.model import (
@@ -771,7 +771,9 @@ class Nodes:
         self._rack_of[name] = await self._store.tx(write)
         self.live.note(name, None)
 
-    async def agent_health(self, name: str, health: HealthReport) -> str | None:
+    async def agent_health(
+        self, name: str, health: HealthReport, packed: PackedReport | None = None
+    ) -> str | None:
         """Keep the node's latest health report; returns its rack (None: an
         unknown node).
 
@@ -785,7 +787,7 @@ class Nodes:
             if node is None:
                 return None
             rack = self._rack_of[name] = node.rack
-        self.live.note(name, health)
+        self.live.note(name, health, packed=packed)
         if health.drift:
             await self._node_event(
                 name,

@@ -197,6 +197,19 @@ async def test_relayed_refusals_keep_their_status_and_text(tmp_path: Path) -> No
         assert refused.code() == grpc.StatusCode.NOT_FOUND
         assert "nowhere" in (refused.details() or "")
 
+        # A report over a limit: the worker forwards it as it came, and the
+        # controller refuses it as it refuses a direct one (its field named).
+        await enrol(r.api, "r1")
+        agent = Agent(agents)
+        agent.send(registration("r1"))
+        assert (await agent.read()).WhichOneof("body") == "registered"
+        over = report(50.0)
+        over.health.gpus[0].errors.extend(["e"] * 17)
+        agent.send(over)
+        refused = await refusal(agent)
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.details() == "AgentMessage.health.gpus[0].errors: at most 16 items, not 17"
+
         # Bytes that are not an AgentMessage: the request limits' answer.
         raw = agents.stream_stream("/kiln.v1.AgentService/Connect")
         call = raw(iter([b"\xff\xff\xff"]))

@@ -15,6 +15,12 @@ Worker to controller:
   for a method of one request message, that message (then no
   ``MESSAGES`` or ``HALF_CLOSE`` follow for the call);
 * ``(MESSAGES, [(call, raw), ...])`` the calls' messages, as received, in order;
+* ``(REPORTS, [(call, packed), ...])`` agents' health reports the worker
+  has already parsed, checked against the request limits and converted
+  (``digest.py``): each is ``core/health.py``'s packed report, what the
+  controller would have made of the message. A message that does not pass
+  goes as it came, in ``MESSAGES``, for the controller to refuse in its own
+  words. A call's messages and reports keep their order across the two;
 * ``(HALF_CLOSE, call)`` the client has sent its last message;
 * ``(GONE, call)`` the call ended on the client's side (cancelled,
   disconnected) before the controller ended it;
@@ -48,6 +54,7 @@ GONE = 5
 OUT = 6
 END = 7
 SENT = 8
+REPORTS = 9
 
 WINDOW = 64  # a call's messages the controller sends ahead of the worker's SENT
 
@@ -57,17 +64,19 @@ HIGH_WATER_BYTES = 64 * 1024 * 1024  # or their bytes
 
 
 class FrameWriter:
-    """Frames out, in order, written by one task: messages queued back to
-    back go in one ``MESSAGES`` frame (up to ``BATCH_BYTES``), and a caller
-    may wait for room (``room``) while too many messages or bytes are
-    waiting, which stops it reading more."""
+    """Frames out, in order, written by one task: messages (or reports)
+    queued back to back go in one ``MESSAGES`` (``REPORTS``) frame, up to
+    ``BATCH_BYTES``, and a caller may wait for room (``room``) while too
+    many messages or bytes are waiting, which stops it reading more."""
 
     def __init__(self, writer: asyncio.StreamWriter, *, high_water: int = HIGH_WATER) -> None:
         self._writer = writer
-        self._queued: list[Any] = []
+        self._queued: list[tuple[Any, ...]] = []
         self._pending = 0  # messages queued, not yet written
         self._pending_bytes = 0
-        self._batch_bytes = 0  # of the last MESSAGES batch queued
+        self._batch: list[tuple[int, bytes]] | None = None  # the last frame queued, a batch
+        self._batch_kind = MESSAGES
+        self._batch_bytes = 0  # of that batch
         self._high_water = high_water
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -78,19 +87,30 @@ class FrameWriter:
         if self.closed:
             return
         self._queued.append(frame)
+        self._batch = None
         self._wake.set()
 
     def message(self, call: int, raw: bytes) -> None:
+        """A call's message as received (``MESSAGES``)."""
+        self._add(MESSAGES, call, raw)
+
+    def report(self, call: int, packed: bytes) -> None:
+        """A call's health report, digested (``REPORTS``)."""
+        self._add(REPORTS, call, packed)
+
+    def _add(self, kind: int, call: int, data: bytes) -> None:
         if self.closed:
             return
-        queued = self._queued
-        size = len(raw)
-        if queued and isinstance(queued[-1], list) and self._batch_bytes + size <= BATCH_BYTES:
-            queued[-1].append((call, raw))
+        size = len(data)
+        batch = self._batch
+        fits = self._batch_bytes + size <= BATCH_BYTES
+        if batch is not None and self._batch_kind == kind and fits:
+            batch.append((call, data))
             self._batch_bytes += size
         else:
-            queued.append([(call, raw)])
-            self._batch_bytes = size
+            self._batch = [(call, data)]
+            self._batch_kind, self._batch_bytes = kind, size
+            self._queued.append((kind, self._batch))
         self._pending += 1
         self._pending_bytes += size
         if self._pending >= self._high_water or self._pending_bytes >= HIGH_WATER_BYTES:
@@ -109,10 +129,9 @@ class FrameWriter:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                queued, self._queued = self._queued, []
+                queued, self._queued, self._batch = self._queued, [], None
                 self._pending = self._pending_bytes = self._batch_bytes = 0
-                for item in queued:
-                    frame = (MESSAGES, item) if isinstance(item, list) else item
+                for frame in queued:
                     writer.write(encode(frame))
                 self._room.set()
                 await writer.drain()

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from controller.api.relay import frames
+from controller.api.relay.digest import DigestedReport
 from controller.api.relay.frames import FrameWriter
 
 log = logging.getLogger(__name__)
@@ -138,12 +139,13 @@ class RelayedCalls:
 
     def on_frame(self, frame: tuple[Any, ...]) -> None:
         kind = frame[0]
-        if kind == frames.MESSAGES:
+        if kind == frames.MESSAGES or kind == frames.REPORTS:
             calls = self._calls
+            digested = kind == frames.REPORTS
             for ident, raw in frame[1]:
                 call = calls.get(ident)
                 if call is not None:
-                    call.requests.put_nowait(raw)
+                    call.requests.put_nowait(DigestedReport(raw) if digested else raw)
                     self.queued += 1
                     self.queued_bytes += len(raw)
             if self.queued > HIGH or self.queued_bytes > HIGH_BYTES:
@@ -212,7 +214,7 @@ class RelayedCalls:
             while not call.requests.empty():
                 raw = call.requests.get_nowait()
                 if raw is not _END:
-                    left, size = left + 1, size + len(raw)
+                    left, size = left + 1, size + _size(raw)
             self._taken(left, size)
             if not gone:
                 self._link.send((frames.END, ident, code.value[0], str(details_out or "")))
@@ -264,5 +266,14 @@ class RelayedCalls:
             raw = await queue.get()
             if raw is _END:
                 return
+            if raw.__class__ is DigestedReport:  # the worker parsed and checked it
+                self._taken(1, len(raw.packed))
+                yield raw
+                continue
             self._taken(1, len(raw))
             yield deserialize(raw) if deserialize is not None else raw
+
+
+def _size(item: bytes | DigestedReport) -> int:
+    """The bytes a forwarded message or report counts for."""
+    return len(item.packed) if isinstance(item, DigestedReport) else len(item)

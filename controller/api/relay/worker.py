@@ -3,8 +3,9 @@ port (``--agent-listen``) and forwards their calls to the controller: the
 agents' streams, and any client's calls to ``FleetService``.
 
 It decides nothing and stores nothing: every call's messages go to the
-controller as they arrive (``frames.MESSAGES``), and what the controller
-answers goes back to the agent. It reads its TLS files itself (and again
+controller as they arrive (``frames.MESSAGES``; an agent's health report
+parsed, checked and packed, ``frames.REPORTS``: ``digest.py``), and what
+the controller answers goes back to the agent. It reads its TLS files itself (and again
 on SIGHUP, as the controller does) and binds the port with
 ``SO_REUSEPORT``, so that several workers share it and the kernel spreads
 the connections over them. It exits when its link to the controller ends.
@@ -22,7 +23,7 @@ import itertools
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import grpc
 from controller.api.keepalive import DEFAULT_KEEPALIVE_S, keepalive_options
 from controller.api.limits import MAX_RECEIVE_BYTES
 from controller.api.relay import frames
+from controller.api.relay.digest import CONNECT, ReportDigest
 from controller.api.relay.frames import FrameWriter
 from controller.api.relay.methods import FORWARDED, Shape
 from controller.link import open_link
@@ -58,6 +60,7 @@ class Relay(grpc.GenericRpcHandler):
         self._certificates = certificates  # the port asks for client certificates
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
+        self._digest = ReportDigest()
         self._handlers = {
             method: self._handler(method, shape) for method, shape in FORWARDED.items()
         }
@@ -179,7 +182,9 @@ class Relay(grpc.GenericRpcHandler):
         self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         ident, call = self._open(method, context)
-        reader = asyncio.create_task(self._forward(ident, requests))
+        reader = asyncio.create_task(
+            self._forward(ident, requests, self._digest.packed if method == CONNECT else None)
+        )
         try:
             async for raw in self._answers(ident, call, context):
                 yield raw
@@ -187,11 +192,22 @@ class Relay(grpc.GenericRpcHandler):
             reader.cancel()
             self._close(ident)
 
-    async def _forward(self, ident: int, requests: AsyncIterator[bytes]) -> None:
+    async def _forward(
+        self,
+        ident: int,
+        requests: AsyncIterator[bytes],
+        digest: Callable[[bytes], bytes | None] | None = None,
+    ) -> None:
+        """Send the call's messages on; with ``digest``, each one it packs
+        goes as a report instead."""
         link = self._link
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
             async for raw in requests:
-                link.message(ident, raw)
+                packed = None if digest is None else digest(raw)
+                if packed is None:
+                    link.message(ident, raw)
+                else:
+                    link.report(ident, packed)
                 await link.room()
             link.send((frames.HALF_CLOSE, ident))
 

@@ -1,0 +1,68 @@
+"""Agents' health reports, digested by the relay worker that receives them.
+
+At a fleet's pace the controller's one interpreter spends most of its time
+on agents' reports, and a good part of each on work that needs nothing of
+the controller's state: parsing the message, checking it against the
+request limits (``controller.api.limits``) and converting it to the core's
+typed report, then packing that (``core/health.py`` ``pack_report``) to
+hold it. A relay worker, a process of its own, does those steps for each
+``AgentService.Connect`` message that is a health report and forwards the
+packed report (``frames.REPORTS``); the controller unpacks it (one step,
+about a quarter of the four) and hands it on as it would the report it had
+made itself (``agent_service.py``).
+
+A message that does not parse, is not a report, or is over a limit goes to
+the controller as it came (``frames.MESSAGES``), which answers it exactly
+as it answers a direct call: the worker still decides nothing.
+"""
+
+from __future__ import annotations
+
+from controller.api.convert import health_from_pb
+from controller.api.limits import Checker
+from controller.core.errors import KilnError
+from controller.core.health import PackedReport, pack_report
+from kiln.v1 import agent_pb2
+
+CONNECT = "/kiln.v1.AgentService/Connect"
+
+
+class DigestedReport:
+    """An agent's report as a relay worker forwarded it: checked, converted
+    and packed. The controller's handler of the agent's stream gets it in
+    place of the ``AgentMessage``."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, packed: PackedReport) -> None:
+        self.packed = packed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DigestedReport) and other.packed == self.packed
+
+    def __hash__(self) -> int:
+        return hash(self.packed)
+
+    def __repr__(self) -> str:
+        return f"DigestedReport({len(self.packed)} bytes)"
+
+
+class ReportDigest:
+    """The worker's side: ``packed(raw)`` is the report an agent's message
+    carries, packed, or None to forward the message as it came."""
+
+    def __init__(self) -> None:
+        self._checker = Checker()
+
+    def packed(self, raw: bytes) -> PackedReport | None:
+        try:
+            message = agent_pb2.AgentMessage.FromString(raw)
+        except Exception:  # DecodeError, or nested too deep: the controller refuses it
+            return None
+        if message.WhichOneof("body") != "health":
+            return None
+        try:
+            self._checker.check(message)
+        except KilnError:  # over a limit: the controller refuses it, naming the field
+            return None
+        return pack_report(health_from_pb(message.health))

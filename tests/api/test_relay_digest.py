@@ -1,0 +1,198 @@
+"""A relay worker digests agents' health reports (``relay/digest.py``): it
+parses, checks and packs each one, and the controller's handler gets the
+same report it would have made itself. What does not pass goes as it came,
+for the controller to refuse; a call's messages and reports keep their
+order over the link."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.api import convert
+from controller.api.relay import frames
+from controller.api.relay import relayed as relayed_calls
+from controller.api.relay.digest import CONNECT, DigestedReport, ReportDigest
+from controller.api.relay.frames import MESSAGES, OPEN, REPORTS, FrameWriter
+from controller.api.relay.worker import Relay
+from controller.core.health import unpack_report
+from kiln.v1 import agent_pb2, types_pb2
+
+
+def health_message(temp_c: float = 61.5, **gpu: Any) -> agent_pb2.AgentMessage:
+    """A report with most of what a real one carries: two H200s, one with
+    readings absent, a non-finite reading, XIDs, ECC counts, BMC temperatures
+    and drift."""
+    first = types_pb2.GpuHealth(
+        index=0,
+        uuid="GPU-5b1a6c4e-0000-4000-8000-000000000000",
+        temp_c=temp_c,
+        mem_temp_c=48.0,
+        slowdown_c=87.0,
+        shutdown_c=92.0,
+        gpu_max_c=89.0,
+        power_w=402.5,
+        power_limit_w=700.0,
+        sm_clock_mhz=1980,
+        mem_clock_mhz=3201,
+        clock_event_reasons=0x4,
+        ecc_sbe_volatile=2,
+        ecc_dbe_aggregate=1,
+        remap_correctable=0,
+        remap_uncorrectable=0,
+        remap_pending=False,
+        remap_failure=False,
+        xids=[79, 48],
+        nvlink_down=[3],
+        nvlink_errors=5,
+        fabric_state=3,  # NVML_GPU_FABRIC_STATE_COMPLETED
+        fabric_healthy=True,
+        clique="cluster-a.7",
+        **gpu,
+    )
+    second = types_pb2.GpuHealth(index=1, uuid="GPU-second", temp_c=math.nan, lost=False)
+    return agent_pb2.AgentMessage(
+        health=types_pb2.NodeHealth(
+            sampled_at=1_765_000_000.25,
+            source="agent",
+            gpus=[first, second],
+            bmc_temps_c=[31.0, math.inf, 29.5],
+            drift=["gpu 0: clocks not locked"],
+        )
+    )
+
+
+def test_a_report_is_packed_as_the_controller_would_have_made_it() -> None:
+    message = health_message()
+    packed = ReportDigest().packed(message.SerializeToString())
+    assert packed is not None
+    assert unpack_report(packed) == convert.health_from_pb(message.health)
+    report = unpack_report(packed)
+    assert report.gpus[1].temp_c is None  # NaN: unknown, as health_from_pb makes it
+    assert report.bmc_temps_c == (31.0, 29.5)
+    assert report.gpus[0].xids == (79, 48)
+
+
+def test_what_is_not_a_report_in_bounds_goes_as_it_came() -> None:
+    digest = ReportDigest()
+    register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
+    result = agent_pb2.AgentMessage(result=agent_pb2.CommandResult(id="c1", ok=True))
+    over = health_message(errors=["e"] * 17)  # GpuHealth.errors: at most 16
+    too_long = health_message(errors=["e" * 257])
+    for message in (register, result, over, too_long):
+        assert digest.packed(message.SerializeToString()) is None
+    assert digest.packed(b"\xff\xff\xff") is None  # not an AgentMessage
+    assert digest.packed(b"") is None  # an empty message: no body
+
+
+async def _link() -> tuple[FrameWriter, asyncio.StreamReader, list[Any]]:
+    ours, theirs = socket.socketpair()
+    _, writer = await asyncio.open_unix_connection(sock=ours)
+    reader, other = await asyncio.open_unix_connection(sock=theirs)
+    return FrameWriter(writer), reader, [ours, theirs, writer, other]
+
+
+async def _frames(reader: asyncio.StreamReader, count: int) -> list[tuple[Any, ...]]:
+    got = []
+    for _ in range(count):
+        frame = await asyncio.wait_for(frames.read_frame(reader), 5)
+        assert frame is not None
+        got.append(frame)
+    return got
+
+
+@pytest.mark.timeout(30)
+async def test_a_calls_messages_and_reports_keep_their_order_on_the_link() -> None:
+    link, reader, held = await _link()
+    sending = asyncio.create_task(link.run())
+    try:
+        link.message(1, b"m1")
+        link.report(1, b"r1")
+        link.report(1, b"r2")
+        link.message(1, b"m2")
+        link.send((frames.HALF_CLOSE, 1))
+        link.report(1, b"r3")
+        got = await _frames(reader, 5)
+        assert got == [
+            (MESSAGES, [(1, b"m1")]),
+            (REPORTS, [(1, b"r1"), (1, b"r2")]),
+            (MESSAGES, [(1, b"m2")]),
+            (frames.HALF_CLOSE, 1),
+            (REPORTS, [(1, b"r3")]),
+        ]
+    finally:
+        sending.cancel()
+        for h in held[2:]:
+            h.close()
+
+
+@pytest.mark.timeout(30)
+async def test_the_worker_forwards_an_agents_reports_digested_and_the_rest_raw() -> None:
+    link, reader, held = await _link()
+    sending = asyncio.create_task(link.run())
+    relay = Relay(link, certificates=False)
+    register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
+    report, over = health_message(), health_message(errors=["e"] * 17)
+
+    async def requests() -> AsyncIterator[bytes]:
+        for message in (register, report, over):
+            yield message.SerializeToString()
+
+    try:
+        await relay._forward(7, requests(), ReportDigest().packed)
+        got = await _frames(reader, 4)
+        assert [f[0] for f in got] == [MESSAGES, REPORTS, MESSAGES, frames.HALF_CLOSE]
+        assert got[0][1] == [(7, register.SerializeToString())]
+        (ident, packed), *_ = got[1][1]
+        assert ident == 7 and unpack_report(packed) == convert.health_from_pb(report.health)
+        assert got[2][1] == [(7, over.SerializeToString())]  # for the controller to refuse
+    finally:
+        sending.cancel()
+        for h in held[2:]:
+            h.close()
+
+
+@pytest.mark.timeout(30)
+async def test_the_controller_hands_a_digested_report_to_the_handler_as_it_came() -> None:
+    """``RelayedCalls``: a REPORTS frame reaches the stream's handler as a
+    ``DigestedReport``, between the call's parsed messages, in order, and
+    counts in the backlog until taken up."""
+    received: list[Any] = []
+    done = asyncio.Event()
+
+    async def handler(requests: AsyncIterator[Any], context: object) -> AsyncIterator[bytes]:
+        async for request in requests:
+            received.append(request)
+        done.set()
+        yield b""
+
+    async def handler_for(_details: object) -> grpc.RpcMethodHandler:
+        return grpc.stream_stream_rpc_method_handler(
+            handler, request_deserializer=agent_pb2.AgentMessage.FromString
+        )
+
+    link, _reader, held = await _link()
+    calls = relayed_calls.RelayedCalls(link, handler_for)
+    register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
+    packed = ReportDigest().packed(health_message().SerializeToString())
+    assert packed is not None
+    try:
+        calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
+        calls.on_frame((MESSAGES, [(1, register.SerializeToString())]))
+        calls.on_frame((REPORTS, [(1, packed), (1, packed)]))
+        assert calls.queued == 3
+        assert calls.queued_bytes == register.ByteSize() + 2 * len(packed)
+        calls.on_frame((frames.HALF_CLOSE, 1))
+        await asyncio.wait_for(done.wait(), 5)
+        assert received == [register, DigestedReport(packed), DigestedReport(packed)]
+        assert calls.queued == 0 and calls.queued_bytes == 0
+    finally:
+        await calls.end_all()
+        for h in held[2:]:
+            h.close()
