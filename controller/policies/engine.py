@@ -42,6 +42,8 @@ from controller.policies.samples import HealthSample
 
 log = logging.getLogger(__name__)
 
+GAP_LOG_EVERY_S = 60.0  # of sample time: lines about gaps between samples, at most
+
 
 @dataclass(frozen=True, slots=True)
 class Action:
@@ -114,6 +116,8 @@ class PolicyEngine:
         self._reads = tuple(reads)
         self._state: dict[tuple[str, str], _RuleNodeState] = {}
         self._last_at: dict[str, float] = {}
+        self._gaps = 0  # nodes' gaps since the last line about them (``_note_gap``)
+        self._gap_logged_at = float("-inf")
         self._caps = CapLedger(rules)
         self._queue: list[tuple[float, int, _FollowUp]] = []
         self._order = itertools.count()
@@ -132,15 +136,30 @@ class PolicyEngine:
         gap = False
         if last is not None and sample.at - last > self._rules.max_sample_gap_s:
             gap = True
-            log.info(
-                "node %s: %ss without a sample; streaks restart", sample.node, sample.at - last
-            )
+            self._note_gap(sample.node, sample.at - last, sample.at)
         self._last_at[sample.node] = sample.at
         actions: list[Action] = []
         read = [metric_values(metric, sample, fallback) for metric, fallback in self._reads]
         for rule, i in self._plan:
             actions.extend(self._evaluate(rule, sample, gap, read[i]))
         return actions
+
+    def _note_gap(self, node: str, seconds: float, at: float) -> None:
+        """Log a gap at most once a ``GAP_LOG_EVERY_S`` of sample time, with
+        how many nodes' streaks restarted since the last line: when a whole
+        fleet's reports stop and resume (a controller paused, a network
+        partition healed) that is one line, not one per node."""
+        self._gaps += 1
+        if at - self._gap_logged_at < GAP_LOG_EVERY_S:
+            return
+        log.info(
+            "node %s: %.1fs without a sample; streaks restart (%d nodes' streaks "
+            "restarted after a gap since the last such line)",
+            node,
+            seconds,
+            self._gaps,
+        )
+        self._gap_logged_at, self._gaps = at, 0
 
     def tick(self, now: float) -> list[Action]:
         """Emit delayed actions (graceful power-off after its grace) due by ``now``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -96,6 +97,26 @@ def test_for_duration_resets_on_gap() -> None:
     # 40s of silence: the 50s sample starts a fresh streak.
     assert feed(engine, [hot("n1", t, 88.0) for t in (60, 70, 80)]) == []
     assert kinds(engine.observe(hot("n1", 90, 88.0))) == ["drain"]
+
+
+def test_a_fleet_wide_gap_is_one_log_line_not_one_per_node(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = engine_for(HEAT_RULES)
+    nodes = [f"n{i}" for i in range(500)]
+    feed(engine, [hot(n, 0, 60.0) for n in nodes])
+    caplog.set_level(logging.INFO, logger="controller.policies.engine")
+    feed(engine, [hot(n, 100, 60.0) for n in nodes])  # every node: 100 s without a sample
+    gaps = [r.getMessage() for r in caplog.records if "without a sample" in r.getMessage()]
+    assert len(gaps) == 1 and gaps[0].startswith("node n0: 100.0s without a sample")
+    caplog.clear()
+    feed(engine, [hot(n, 200, 60.0) for n in nodes])  # the next minute's gaps: one line again
+    gaps = [r.getMessage() for r in caplog.records if "without a sample" in r.getMessage()]
+    # It counts the 499 nodes the first line did not name, and itself.
+    assert gaps == [
+        "node n0: 100.0s without a sample; streaks restart (500 nodes' streaks restarted "
+        "after a gap since the last such line)"
+    ]
 
 
 def test_for_duration_resets_on_garbage_sample() -> None:
