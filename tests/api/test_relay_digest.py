@@ -7,6 +7,7 @@ order over the link."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import socket
 from collections.abc import AsyncIterator
@@ -91,11 +92,24 @@ def test_what_is_not_a_report_in_bounds_goes_as_it_came() -> None:
     assert digest.packed(b"") is None  # an empty message: no body
 
 
-async def _link() -> tuple[FrameWriter, asyncio.StreamReader, list[Any]]:
+@contextlib.asynccontextmanager
+async def _link(
+    running: bool = True,
+) -> AsyncIterator[tuple[FrameWriter, asyncio.StreamReader]]:
+    """A FrameWriter on one end of a socket pair (writing, when ``running``)
+    and a reader on the other."""
     ours, theirs = socket.socketpair()
     _, writer = await asyncio.open_unix_connection(sock=ours)
     reader, other = await asyncio.open_unix_connection(sock=theirs)
-    return FrameWriter(writer), reader, [ours, theirs, writer, other]
+    link = FrameWriter(writer)
+    sending = asyncio.create_task(link.run()) if running else None
+    try:
+        yield link, reader
+    finally:
+        if sending is not None:
+            sending.cancel()
+        writer.close()
+        other.close()
 
 
 async def _frames(reader: asyncio.StreamReader, count: int) -> list[tuple[Any, ...]]:
@@ -109,9 +123,7 @@ async def _frames(reader: asyncio.StreamReader, count: int) -> list[tuple[Any, .
 
 @pytest.mark.timeout(30)
 async def test_a_calls_messages_and_reports_keep_their_order_on_the_link() -> None:
-    link, reader, held = await _link()
-    sending = asyncio.create_task(link.run())
-    try:
+    async with _link() as (link, reader):
         link.message(1, b"m1")
         link.report(1, b"r1")
         link.report(1, b"r2")
@@ -126,17 +138,10 @@ async def test_a_calls_messages_and_reports_keep_their_order_on_the_link() -> No
             (frames.HALF_CLOSE, 1),
             (REPORTS, [(1, b"r3")]),
         ]
-    finally:
-        sending.cancel()
-        for h in held[2:]:
-            h.close()
 
 
 @pytest.mark.timeout(30)
 async def test_the_worker_forwards_an_agents_reports_digested_and_the_rest_raw() -> None:
-    link, reader, held = await _link()
-    sending = asyncio.create_task(link.run())
-    relay = Relay(link, certificates=False)
     register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
     report, over = health_message(), health_message(errors=["e"] * 17)
 
@@ -144,7 +149,8 @@ async def test_the_worker_forwards_an_agents_reports_digested_and_the_rest_raw()
         for message in (register, report, over):
             yield message.SerializeToString()
 
-    try:
+    async with _link() as (link, reader):
+        relay = Relay(link, certificates=False)
         await relay._forward(7, requests(), ReportDigest().packed)
         got = await _frames(reader, 4)
         assert [f[0] for f in got] == [MESSAGES, REPORTS, MESSAGES, frames.HALF_CLOSE]
@@ -152,10 +158,6 @@ async def test_the_worker_forwards_an_agents_reports_digested_and_the_rest_raw()
         (ident, packed), *_ = got[1][1]
         assert ident == 7 and unpack_report(packed) == convert.health_from_pb(report.health)
         assert got[2][1] == [(7, over.SerializeToString())]  # for the controller to refuse
-    finally:
-        sending.cancel()
-        for h in held[2:]:
-            h.close()
 
 
 @pytest.mark.timeout(30)
@@ -177,22 +179,20 @@ async def test_the_controller_hands_a_digested_report_to_the_handler_as_it_came(
             handler, request_deserializer=agent_pb2.AgentMessage.FromString
         )
 
-    link, _reader, held = await _link()
-    calls = relayed_calls.RelayedCalls(link, handler_for)
     register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
     packed = ReportDigest().packed(health_message().SerializeToString())
     assert packed is not None
-    try:
-        calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
-        calls.on_frame((MESSAGES, [(1, register.SerializeToString())]))
-        calls.on_frame((REPORTS, [(1, packed), (1, packed)]))
-        assert calls.queued == 3
-        assert calls.queued_bytes == register.ByteSize() + 2 * len(packed)
-        calls.on_frame((frames.HALF_CLOSE, 1))
-        await asyncio.wait_for(done.wait(), 5)
-        assert received == [register, DigestedReport(packed), DigestedReport(packed)]
-        assert calls.queued == 0 and calls.queued_bytes == 0
-    finally:
-        await calls.end_all()
-        for h in held[2:]:
-            h.close()
+    async with _link(running=False) as (link, _reader):
+        calls = relayed_calls.RelayedCalls(link, handler_for)
+        try:
+            calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
+            calls.on_frame((MESSAGES, [(1, register.SerializeToString())]))
+            calls.on_frame((REPORTS, [(1, packed), (1, packed)]))
+            assert calls.queued == 3
+            assert calls.queued_bytes == register.ByteSize() + 2 * len(packed)
+            calls.on_frame((frames.HALF_CLOSE, 1))
+            await asyncio.wait_for(done.wait(), 5)
+            assert received == [register, DigestedReport(packed), DigestedReport(packed)]
+            assert calls.queued == 0 and calls.queued_bytes == 0
+        finally:
+            await calls.end_all()
