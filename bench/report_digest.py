@@ -27,7 +27,7 @@ from fleet_load import node_messages  # noqa: E402
 
 from controller.api.convert import health_from_pb  # noqa: E402
 from controller.api.limits import Checker, _checked  # noqa: E402
-from controller.api.relay.digest import DigestedReport, ReportDigest  # noqa: E402
+from controller.api.relay.digest import ReportDigest  # noqa: E402
 from controller.core.health import pack_report, unpack_report  # noqa: E402
 from kiln.v1 import agent_pb2  # noqa: E402
 
@@ -66,8 +66,7 @@ def main() -> int:
 
     def digested() -> object:
         # What it does now: the typed report from the worker's packed one.
-        report = DigestedReport(packed)
-        return unpack_report(report.packed)
+        return unpack_report(packed)
 
     assert unpack_report(packed) == health_from_pb(message.health)
     before = best_us(in_controller, args.reports, args.rounds)

@@ -25,11 +25,10 @@ from controller.api import convert
 from controller.api.auth.identity import authorize_agent_token, current_caller
 from controller.api.errors import message_for, status_for
 from controller.api.peer_identity import authorize_node, certificate_expiry, certificate_names
-from controller.api.relay.digest import DigestedReport
 from controller.core.agents import AgentSession, Outgoing
 from controller.core.errors import InvalidArgument, KilnError
 from controller.core.fleet import Fleet
-from controller.core.health import unpack_report
+from controller.core.health import PackedReport, unpack_report
 from controller.core.model import AgentCommand, CommandOutcome, ReportInterval
 from kiln.v1 import agent_pb2, agent_pb2_grpc
 
@@ -66,8 +65,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     async def Connect(
         self,
-        # With --agent-relays, a report comes already converted (relay/digest.py).
-        request_iterator: AsyncIterator[agent_pb2.AgentMessage | DigestedReport],
+        # With --agent-relays, a report comes packed already (relay/digest.py).
+        request_iterator: AsyncIterator[agent_pb2.AgentMessage | PackedReport],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[agent_pb2.ControllerMessage]:
         try:
@@ -142,7 +141,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     async def _read(
         self,
         session: AgentSession,
-        messages: AsyncIterator[agent_pb2.AgentMessage | DigestedReport],
+        messages: AsyncIterator[agent_pb2.AgentMessage | PackedReport],
     ) -> KilnError | None:
         """Hand the agent's reports to the Fleet until the stream ends.
 
@@ -153,9 +152,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             async for msg in messages:
                 if session.closed:
                     return None
-                if isinstance(msg, DigestedReport):  # a relay worker made it of the message
-                    health = unpack_report(msg.packed)
-                    await self._fleet.agent_health(session.node, health, msg.packed)
+                if isinstance(msg, bytes):  # packed by a relay worker (relay/digest.py)
+                    # No local holds the typed report: it would live until the
+                    # next message, walked by every young collection meanwhile.
+                    await self._fleet.agent_health(session.node, unpack_report(msg), msg)
                     continue
                 body = msg.WhichOneof("body")
                 if body == "health":

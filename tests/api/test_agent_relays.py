@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ from tls_certs import TestCa
 from controller.api.relay import frames
 from controller.api.relay import relayed as relayed_calls
 from controller.api.relay.frames import MESSAGES, OPEN, FrameWriter
+from controller.core.health import GpuHealth, HealthReport
 from controller.core.model import AgentCommand
 from controller.server import ControllerConfig, ControllerServer, ListenError
 from controller.sim.ports import free_port
@@ -162,6 +164,11 @@ async def test_a_relayed_agent_registers_reports_and_answers_commands(tmp_path: 
         while await temp() != 61.5:
             assert time.monotonic() < deadline, "the relayed report never reached the node"
             await asyncio.sleep(0.05)
+        # The worker packed it, and nothing on the stream's path holds a typed
+        # copy while it waits for the next report (at a fleet's pace every
+        # object alive that long is walked by each young collection).
+        gc.collect()
+        assert [o for o in gc.get_objects() if isinstance(o, (HealthReport, GpuHealth))] == []
 
         # A command down the relay, its answer back up.
         calling = asyncio.create_task(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import socket
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ import pytest
 from controller.api import convert
 from controller.api.relay import frames
 from controller.api.relay import relayed as relayed_calls
-from controller.api.relay.digest import CONNECT, DigestedReport, ReportDigest
+from controller.api.relay.digest import CONNECT, ReportDigest
 from controller.api.relay.frames import MESSAGES, OPEN, REPORTS, FrameWriter
 from controller.api.relay.worker import Relay
 from controller.core.health import unpack_report
@@ -163,8 +164,9 @@ async def test_the_worker_forwards_an_agents_reports_digested_and_the_rest_raw()
 @pytest.mark.timeout(30)
 async def test_the_controller_hands_a_digested_report_to_the_handler_as_it_came() -> None:
     """``RelayedCalls``: a REPORTS frame reaches the stream's handler as a
-    ``DigestedReport``, between the call's parsed messages, in order, and
-    counts in the backlog until taken up."""
+    packed report itself (``bytes``, which the collector never tracks),
+    between the call's parsed messages, in order, and counts in the backlog
+    until taken up."""
     received: list[Any] = []
     done = asyncio.Event()
 
@@ -192,7 +194,8 @@ async def test_the_controller_hands_a_digested_report_to_the_handler_as_it_came(
             assert calls.queued_bytes == register.ByteSize() + 2 * len(packed)
             calls.on_frame((frames.HALF_CLOSE, 1))
             await asyncio.wait_for(done.wait(), 5)
-            assert received == [register, DigestedReport(packed), DigestedReport(packed)]
+            assert received == [register, packed, packed]
+            assert not gc.is_tracked(received[1])
             assert calls.queued == 0 and calls.queued_bytes == 0
         finally:
             await calls.end_all()

@@ -16,7 +16,6 @@ from typing import Any
 import grpc
 
 from controller.api.relay import frames
-from controller.api.relay.digest import DigestedReport
 from controller.api.relay.frames import FrameWriter
 
 log = logging.getLogger(__name__)
@@ -145,7 +144,8 @@ class RelayedCalls:
             for ident, raw in frame[1]:
                 call = calls.get(ident)
                 if call is not None:
-                    call.requests.put_nowait(DigestedReport(raw) if digested else raw)
+                    # A digested report is queued as a 1-tuple: raw bytes are a message.
+                    call.requests.put_nowait((raw,) if digested else raw)
                     self.queued += 1
                     self.queued_bytes += len(raw)
             if self.queued > HIGH or self.queued_bytes > HIGH_BYTES:
@@ -266,14 +266,14 @@ class RelayedCalls:
             raw = await queue.get()
             if raw is _END:
                 return
-            if raw.__class__ is DigestedReport:  # the worker parsed and checked it
-                self._taken(1, len(raw.packed))
-                yield raw
+            if raw.__class__ is tuple:  # a report the worker digested: its packed bytes
+                self._taken(1, len(raw[0]))
+                yield raw[0]
                 continue
             self._taken(1, len(raw))
             yield deserialize(raw) if deserialize is not None else raw
 
 
-def _size(item: bytes | DigestedReport) -> int:
-    """The bytes a forwarded message or report counts for."""
-    return len(item.packed) if isinstance(item, DigestedReport) else len(item)
+def _size(item: bytes | tuple[bytes]) -> int:
+    """The bytes a forwarded message or a digested report counts for."""
+    return len(item[0]) if isinstance(item, tuple) else len(item)
