@@ -267,8 +267,9 @@ class RelayedCalls:
             if raw is _END:
                 return
             if raw.__class__ is tuple:  # a report the worker digested: its packed bytes
-                self._taken(1, len(raw[0]))
-                yield raw[0]
+                raw = raw[0]  # the tuple is not kept while the stream waits for its next
+                self._taken(1, len(raw))
+                yield raw
                 continue
             self._taken(1, len(raw))
             yield deserialize(raw) if deserialize is not None else raw
