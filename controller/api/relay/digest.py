@@ -33,7 +33,8 @@ from controller.core.errors import KilnError
 from controller.core.health import PackedReport, pack_report
 from kiln.v1 import agent_pb2
 
-CONNECT = "/kiln.v1.AgentService/Connect"
+_AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"]
+CONNECT = f"/{_AGENT_SERVICE.full_name}/{_AGENT_SERVICE.methods_by_name['Connect'].name}"
 
 
 class ReportDigest:
