@@ -98,29 +98,23 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             )
         )
         reader = asyncio.create_task(self._read(session, request_iterator))
+        reader.add_done_callback(lambda _: session.reading_ended())
         # A call can end while this generator waits at a ``yield`` (the agent
         # went away while a message was being sent): gRPC then drops the
         # generator unclosed, and its ``finally`` runs only when the
         # generator is finalized, which waits for the garbage collector if
         # anything in a reference cycle still holds it. The call's end stops
         # the reader and detaches the session at once, whatever holds it.
-        # The queue read in flight: the call's end cancels it too, or it
-        # would wait on a queue nobody holds until the collector destroyed
-        # it, pending (an error logged for every agent gone at once).
-        tasks: list[asyncio.Task[Any]] = [reader]
-        context.add_done_callback(lambda _: self._call_ended(session, tasks))
+        context.add_done_callback(lambda _: self._call_ended(session, reader))
         try:
-            while not reader.done():
-                getter = asyncio.create_task(session.queue.get())
-                tasks[1:] = [getter]
-                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    break
-                yield outgoing_pb(getter.result())
+            # The queue is read here, in the call's own task: no task or wait
+            # set per message, whose objects would live until the next one
+            # (every agent's, at a fleet-wide change of pace) and be walked by
+            # the collector meanwhile.
+            while (item := await session.queue.get()) is not None and not reader.done():
+                yield outgoing_pb(item)
         finally:
-            for task in tasks:
-                task.cancel()
+            reader.cancel()
             refused: object = None
             try:
                 refused = (await asyncio.gather(reader, return_exceptions=True))[0]
@@ -130,12 +124,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         if isinstance(refused, KilnError):
             await context.abort(status_for(refused), message_for(refused))
 
-    def _call_ended(self, session: AgentSession, tasks: list[asyncio.Task[Any]]) -> None:
+    def _call_ended(self, session: AgentSession, reader: asyncio.Task[Any]) -> None:
         """The agent's call is over, however it ended: stop its reader and
-        its queue read, and detach it (``Connect``'s cleanup may run again
-        later: each step does nothing the second time)."""
-        for task in tasks:
-            task.cancel()
+        detach it (``Connect``'s cleanup may run again later: each step does
+        nothing the second time)."""
+        reader.cancel()
         self._fleet.agent_disconnected(session)
 
     async def _read(

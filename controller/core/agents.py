@@ -28,10 +28,16 @@ Outgoing = tuple[str, AgentCommand] | ReportInterval
 class AgentSession:
     node: str
     cert_expires_at: float | None = None  # its client certificate's expiry (Unix s)
-    queue: asyncio.Queue[Outgoing] = field(default_factory=asyncio.Queue)
+    # What its transport sends next; None: the stream's reading side ended.
+    queue: asyncio.Queue[Outgoing | None] = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future[CommandOutcome]] = field(default_factory=dict)
     closed: bool = False
     attached_at: float = field(default_factory=time.time)  # when it registered (Unix s)
+
+    def reading_ended(self) -> None:
+        """The agent's messages ended (or were refused): wake the transport's
+        sender, which then finishes the stream."""
+        self.queue.put_nowait(None)
 
     def fail_pending(self, reason: str) -> None:
         for future in self.pending.values():

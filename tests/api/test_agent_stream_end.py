@@ -88,10 +88,10 @@ async def test_a_call_cancelled_while_commands_are_sent_detaches_its_session(
 async def test_agents_gone_at_once_leave_no_task_pending(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Each stream's handler waits on its session's queue in a task of its
-    own; when the call ends, that task is cancelled with the call, not left
-    on a queue nobody holds for the collector to destroy still pending (an
-    error logged per agent: 3,984 of them when 4,000 agents went at once)."""
+    """When the calls end, no task of theirs is left waiting on a queue
+    nobody holds for the collector to destroy still pending (an error logged
+    per agent: 3,984 of them when 4,000 agents went at once, when each
+    handler read its session's queue in a task of its own)."""
     server = ControllerServer(ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path))
     address = await server.start()
     channel = grpc.aio.insecure_channel(address)
@@ -127,6 +127,58 @@ async def test_agents_gone_at_once_leave_no_task_pending(
         await asyncio.sleep(0)
         destroyed = [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
         assert destroyed == []
+    finally:
+        await server.stop()
+        await channel.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_stream_waits_in_its_call_and_its_reader_alone_whatever_it_was_sent(
+    tmp_path: Path,
+) -> None:
+    """Each stream's handler reads its session's queue in the call's own
+    task: sending an agent a message makes no task (nor the wait set and
+    callbacks around one) that lives until the next, which the collector
+    would walk meanwhile at every agent's stream after a fleet-wide pace."""
+    server = ControllerServer(ControllerConfig(listen="127.0.0.1:0", state_dir=tmp_path))
+    address = await server.start()
+    channel = grpc.aio.insecure_channel(address)
+    names = [f"p{i:02d}" for i in range(10)]
+    try:
+        fleet = fleet_pb2_grpc.FleetServiceStub(channel)
+        for name in names:
+            await fleet.EnrollNode(
+                fleet_pb2.EnrollNodeRequest(
+                    name=name,
+                    bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
+                    username="u",
+                    password="p",
+                )
+            )
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        calls = [stub.Connect(register(name)) for name in names]
+        for call in calls:
+            assert (await call.read()).WhichOneof("body") == "registered"
+        assert server.fleet is not None
+        hub = server.fleet.agents
+        for seconds in (15.0, 22.5, 30.0):
+            assert hub.pace(seconds) == len(names)
+            for call in calls:
+                answer = await call.read()
+                assert answer.pace.sample_interval_s == seconds
+        await asyncio.sleep(0.2)  # every handler is back at its queue
+
+        def running(qualname: str) -> int:
+            return sum(
+                1
+                for t in asyncio.all_tasks()
+                if getattr(t.get_coro(), "__qualname__", "") == qualname
+            )
+
+        assert running("Queue.get") == 0, "a task per queue read"
+        assert running("AgentService._read") == len(names)
+        for call in calls:
+            call.cancel()
     finally:
         await server.stop()
         await channel.close()

@@ -30,12 +30,14 @@ from typing import Any
 
 import grpc
 
+from controller import heap
 from controller.api.keepalive import DEFAULT_KEEPALIVE_S, keepalive_options
 from controller.api.limits import MAX_RECEIVE_BYTES
 from controller.api.relay import frames
 from controller.api.relay.digest import CONNECT, ReportDigest
 from controller.api.relay.frames import FrameWriter
 from controller.api.relay.methods import FORWARDED, Shape
+from controller.heap import GcPauses
 from controller.link import open_link
 
 log = logging.getLogger("kiln.relay")
@@ -243,6 +245,18 @@ async def serve(args: argparse.Namespace) -> int:
         writer.close()
         return 1
     await server.start()
+    # A worker's heap is its streams' waiting reads (about 20 objects each,
+    # 25,000 streams at fleet size): with CPython's collector settings each
+    # whole-heap collection walked them all (about a second at 25,000).
+    # Set as the controller's; what the streams make later is frozen after a
+    # long whole-heap collection.
+    heap.settle()
+    pauses = GcPauses(
+        lambda _generation, _seconds: None,
+        refreeze_after=heap.REFREEZE_AFTER,
+        process="the relay worker",
+    )
+    pauses.start()
     loop = asyncio.get_running_loop()
     if tls is not None:
         loop.add_signal_handler(signal.SIGHUP, lambda: _reload(tls))
@@ -257,6 +271,7 @@ async def serve(args: argparse.Namespace) -> int:
     except (frames.FrameError, ConnectionError):
         log.exception("relay worker: the link to the controller failed")
     finally:
+        pauses.stop()
         relay.end_all()
         await server.stop(1.0)
         sending.cancel()
