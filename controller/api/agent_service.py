@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import grpc
@@ -99,6 +100,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         )
         reader = asyncio.create_task(self._read(session, request_iterator))
         reader.add_done_callback(lambda _: session.reading_ended())
+        refusals: list[KilnError] = []  # a pushed report's (the reader returns its own)
+        take_reports = getattr(context, "take_reports", None)
+        if take_reports is not None:  # a relay worker's call (relay/relayed.py)
+            take_reports(partial(self._pushed_report, session, refusals))
         # A call can end while this generator waits at a ``yield`` (the agent
         # went away while a message was being sent): gRPC then drops the
         # generator unclosed, and its ``finally`` runs only when the
@@ -121,6 +126,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             except asyncio.CancelledError:
                 pass  # the call was cancelled (the agent went away): clean up all the same
             self._fleet.agent_disconnected(session)
+        if not isinstance(refused, KilnError) and refusals:
+            refused = refusals[0]
         if isinstance(refused, KilnError):
             await context.abort(status_for(refused), message_for(refused))
 
@@ -130,6 +137,25 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         nothing the second time)."""
         reader.cancel()
         self._fleet.agent_disconnected(session)
+
+    async def _pushed_report(
+        self, session: AgentSession, refusals: list[KilnError], packed: PackedReport
+    ) -> None:
+        """A relayed call's digested report, handed on without waking the
+        call's reader; the stream ends as ``_read`` would end it."""
+        if session.closed or refusals:
+            session.reading_ended()
+            return
+        try:
+            await self._fleet.agent_health(session.node, unpack_report(packed), packed)
+        except KilnError as e:
+            log.warning("node %s: agent stream refused: %s", session.node, message_for(e))
+            refusals.append(e)
+            session.reading_ended()
+        except Exception:
+            log.exception("node %s: agent stream failed", session.node)
+            refusals.append(KilnError("internal error on the agent stream"))  # INTERNAL
+            session.reading_ended()
 
     async def _read(
         self,

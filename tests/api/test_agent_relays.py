@@ -187,8 +187,24 @@ async def test_a_relayed_agent_registers_reports_and_answers_commands(tmp_path: 
         outcome = await calling
         assert outcome.ok
 
+        # A newer call of the node replaces this one: the old call's next
+        # report (handed to the controller without waking its stream,
+        # relayed.py) is not taken, and ends that call.
+        newer = Agent(agents)
+        newer.send(registration("r0"))
+        assert (await newer.read()).WhichOneof("body") == "registered"
+        agent.send(report(70.0))
+        assert await asyncio.wait_for(agent.call.read(), 10) is grpc.aio.EOF
+        assert await agent.call.code() == grpc.StatusCode.OK
+        newer.send(report(62.0))
+        deadline = time.monotonic() + 10
+        while (seen := await temp()) != 62.0:
+            assert seen != 70.0, "the replaced call's report was taken"
+            assert time.monotonic() < deadline, "the newer call's report never reached the node"
+            await asyncio.sleep(0.05)
+
         # The agent ends its call: the session is let go.
-        agent.call.cancel()
+        newer.call.cancel()
         await until(lambda: not server.fleet.agents.is_connected("r0"))  # type: ignore[union-attr]
         await until(lambda: server.relays.calls() == 0)  # type: ignore[union-attr]
 

@@ -199,3 +199,68 @@ async def test_the_controller_hands_a_digested_report_to_the_handler_as_it_came(
             assert calls.queued == 0 and calls.queued_bytes == 0
         finally:
             await calls.end_all()
+
+
+@pytest.mark.timeout(30)
+async def test_a_call_that_takes_its_reports_gets_them_pushed_in_order_with_its_messages() -> None:
+    """``RelayedContext.take_reports``: once the handler asks for them, the
+    call's digested reports go to its sink and wake no stream; a message
+    the call is sent meanwhile, and whatever follows it until the stream has
+    taken it, still comes through the stream, so the two keep the order the
+    agent sent them in. Every one counts in the backlog until taken."""
+    seen: list[tuple[str, Any]] = []
+    registered, done = asyncio.Event(), asyncio.Event()
+
+    async def sink(packed: bytes) -> None:
+        await asyncio.sleep(0)  # a sink may wait: what comes meanwhile waits behind it
+        seen.append(("sink", packed))
+
+    async def handler(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[bytes]:
+        async for request in requests:
+            seen.append(("stream", request))
+            if not registered.is_set():
+                context.take_reports(sink)
+                registered.set()
+        done.set()
+        yield b""
+
+    async def handler_for(_details: object) -> grpc.RpcMethodHandler:
+        return grpc.stream_stream_rpc_method_handler(
+            handler, request_deserializer=agent_pb2.AgentMessage.FromString
+        )
+
+    register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
+    result = agent_pb2.AgentMessage(result=agent_pb2.CommandResult(id="c1", ok=True))
+    digest = ReportDigest()
+    r1, r2, r3, r4 = (
+        digest.packed(health_message(temp_c=t).SerializeToString()) for t in (50, 51, 52, 53)
+    )
+    assert r1 and r2 and r3 and r4
+    async with _link(running=False) as (link, _reader):
+        calls = relayed_calls.RelayedCalls(link, handler_for)
+        try:
+            calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
+            calls.on_frame((MESSAGES, [(1, register.SerializeToString())]))
+            await asyncio.wait_for(registered.wait(), 5)
+            calls.on_frame((REPORTS, [(1, r1), (1, r2)]))
+            calls.on_frame((MESSAGES, [(1, result.SerializeToString())]))
+            calls.on_frame((REPORTS, [(1, r3)]))
+            assert calls.queued == 4
+            for _ in range(50):
+                if len(seen) == 5:
+                    break
+                await asyncio.sleep(0.01)
+            calls.on_frame((REPORTS, [(1, r4)]))  # the stream has taken all: pushed again
+            calls.on_frame((frames.HALF_CLOSE, 1))
+            await asyncio.wait_for(done.wait(), 5)
+            assert seen == [
+                ("stream", register),
+                ("sink", r1),
+                ("sink", r2),
+                ("stream", result),
+                ("stream", r3),
+                ("sink", r4),
+            ]
+            assert calls.queued == 0 and calls.queued_bytes == 0
+        finally:
+            await calls.end_all()

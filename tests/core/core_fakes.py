@@ -122,8 +122,8 @@ async def answering(
     async def serve() -> None:
         while True:
             item = await session.queue.get()
-            if isinstance(item, ReportInterval):
-                continue  # a pace: no answer is awaited
+            if item is None or isinstance(item, ReportInterval):
+                continue  # the stream's end, or a pace: no answer is awaited
             command_id, command = item
             seen.append(command)
             hub.resolve(session, command_id, answer(command))

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,8 @@ class CallDetails:
 
 
 HandlerFor = Callable[[CallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+# Takes one digested report of a call (its packed bytes, relay/digest.py).
+ReportSink = Callable[[bytes], Awaitable[None]]
 
 
 class RelayedContext:
@@ -63,6 +66,20 @@ class RelayedContext:
         self._code: grpc.StatusCode | None = None
         self._details = ""
         self._done: list[Callable[[Any], None]] = []
+        self.report_sink: ReportSink | None = None
+
+    def take_reports(self, sink: ReportSink) -> None:
+        """From now on the call's digested reports go to ``sink``, in order
+        with its other messages, rather than through its request stream.
+
+        A stream's handler waits about ten seconds for each next report: each
+        report handed through the stream left the objects of that wait (its
+        async generators' steps, a queue read and its future) alive until
+        the next one, 25,000 streams' worth at fleet size, walked by every
+        young and middle collection. Handed to ``sink`` by the link's one
+        report task, a report wakes no stream.
+        """
+        self.report_sink = sink
 
     def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
         return self._metadata
@@ -101,13 +118,16 @@ class RelayedContext:
 
 
 class _Call:
-    __slots__ = ("credit", "more", "requests", "task")
+    __slots__ = ("context", "credit", "handing", "more", "pushed", "requests", "task")
 
-    def __init__(self) -> None:
+    def __init__(self, context: RelayedContext) -> None:
+        self.context = context
         self.requests: asyncio.Queue[Any] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
         self.credit = frames.WINDOW  # messages it may still send before a SENT
         self.more = asyncio.Event()
+        self.pushed = 0  # its messages waiting in the link's report task's queue
+        self.handing = False  # its request stream has handed out a message not yet done with
 
 
 class RelayedCalls:
@@ -121,6 +141,11 @@ class RelayedCalls:
         self.queued_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
+        # Reports for calls that take them (RelayedContext.take_reports), and
+        # whatever those calls are sent after them, in arrival order.
+        self._pushed: deque[tuple[int, _Call, Any, bool]] = deque()
+        self._pushed_ready = asyncio.Event()
+        self._pusher: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -141,24 +166,42 @@ class RelayedCalls:
         if kind == frames.MESSAGES or kind == frames.REPORTS:
             calls = self._calls
             digested = kind == frames.REPORTS
+            pushed = self._pushed
             for ident, raw in frame[1]:
                 call = calls.get(ident)
-                if call is not None:
+                if call is None:
+                    continue
+                self.queued += 1
+                self.queued_bytes += len(raw)
+                if call.pushed or (
+                    digested
+                    and call.context.report_sink is not None
+                    and not call.handing
+                    and call.requests.empty()
+                ):
+                    # To its sink; and all it is sent next, until that is done.
+                    call.pushed += 1
+                    pushed.append((ident, call, raw, digested))
+                else:
                     # A digested report is queued as a 1-tuple: raw bytes are a message.
                     call.requests.put_nowait((raw,) if digested else raw)
-                    self.queued += 1
-                    self.queued_bytes += len(raw)
+            if pushed:
+                self._pushed_ready.set()
+                if self._pusher is None:
+                    self._pusher = asyncio.create_task(
+                        self._hand_pushed(), name="kiln-relayed-reports"
+                    )
             if self.queued > HIGH or self.queued_bytes > HIGH_BYTES:
                 self._room.clear()
         elif kind == frames.OPEN:
             _, ident, method, metadata, auth, peer, timeout, *request = frame
-            call = self._calls[ident] = _Call()
+            context = RelayedContext(tuple(metadata), auth, peer, timeout)
+            call = self._calls[ident] = _Call(context)
             if request:  # a call of one request message: all its requests
                 call.requests.put_nowait(request[0])
                 call.requests.put_nowait(_END)
                 self.queued += 1
                 self.queued_bytes += len(request[0])
-            context = RelayedContext(tuple(metadata), auth, peer, timeout)
             call.task = asyncio.create_task(
                 self._run(ident, call, CallDetails(method, context.invocation_metadata()), context),
                 name=f"kiln-relayed-{ident}",
@@ -166,7 +209,12 @@ class RelayedCalls:
         elif kind == frames.HALF_CLOSE:
             call = self._calls.get(frame[1])
             if call is not None:
-                call.requests.put_nowait(_END)
+                if call.pushed:  # after the messages still waiting for the report task
+                    call.pushed += 1
+                    self._pushed.append((frame[1], call, _END, False))
+                    self._pushed_ready.set()
+                else:
+                    call.requests.put_nowait(_END)
         elif kind == frames.GONE:
             self._gone(frame[1])
         elif kind == frames.SENT:
@@ -185,7 +233,38 @@ class RelayedCalls:
         tasks = [c.task for c in self._calls.values() if c.task is not None]
         for ident in list(self._calls):
             self._gone(ident)
+        if self._pusher is not None:
+            self._pusher.cancel()
+            tasks.append(self._pusher)
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _hand_pushed(self) -> None:
+        """Hand each pushed report to its call's sink, and each message sent
+        after one to its call's stream, in the order they came."""
+        pushed, ready, calls = self._pushed, self._pushed_ready, self._calls
+        while True:
+            await ready.wait()
+            ready.clear()
+            while pushed:
+                ident, call, raw, report = pushed.popleft()
+                call.pushed -= 1
+                if raw is _END:
+                    call.requests.put_nowait(_END)
+                    continue
+                if calls.get(ident) is not call:  # the call is over
+                    self._taken(1, len(raw))
+                    continue
+                sink = call.context.report_sink
+                if not report or sink is None or call.handing or not call.requests.empty():
+                    # The stream takes it, after what it was handed before
+                    # (and counts it taken).
+                    call.requests.put_nowait((raw,) if report else raw)
+                    continue
+                self._taken(1, len(raw))
+                try:
+                    await sink(raw)
+                except Exception:  # a sink ends its own call on a failure of its own
+                    log.exception("a relayed report's handler failed")
 
     async def _run(
         self, ident: int, call: _Call, details: CallDetails, context: RelayedContext
@@ -266,13 +345,15 @@ class RelayedCalls:
             raw = await queue.get()
             if raw is _END:
                 return
+            call.handing = True  # until the handler asks for the next
             if raw.__class__ is tuple:  # a report the worker digested: its packed bytes
                 raw = raw[0]  # the tuple is not kept while the stream waits for its next
                 self._taken(1, len(raw))
                 yield raw
-                continue
-            self._taken(1, len(raw))
-            yield deserialize(raw) if deserialize is not None else raw
+            else:
+                self._taken(1, len(raw))
+                yield deserialize(raw) if deserialize is not None else raw
+            call.handing = False
 
 
 def _size(item: bytes | tuple[bytes]) -> int:
