@@ -264,3 +264,49 @@ async def test_a_call_that_takes_its_reports_gets_them_pushed_in_order_with_its_
             assert calls.queued == 0 and calls.queued_bytes == 0
         finally:
             await calls.end_all()
+
+
+@pytest.mark.timeout(30)
+async def test_the_report_task_lets_the_loop_run_between_batches_of_reports() -> None:
+    """A worker's frame can hold thousands of reports and a sink rarely
+    waits: the link's report task hands on a batch, then lets the event loop
+    run what else is ready (registrations, the link, timers)."""
+    taken: list[bytes] = []
+    registered, all_taken = asyncio.Event(), asyncio.Event()
+    reports = 20 * relayed_calls.PUSHED_A_TURN
+
+    async def sink(packed: bytes) -> None:
+        taken.append(packed)
+        if len(taken) == reports:
+            all_taken.set()
+
+    async def other_work() -> int:
+        return len(taken)  # as many as were handed on before it ran
+
+    async def handler(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[bytes]:
+        async for _ in requests:
+            context.take_reports(sink)
+            registered.set()
+        yield b""
+
+    async def handler_for(_details: object) -> grpc.RpcMethodHandler:
+        return grpc.stream_stream_rpc_method_handler(
+            handler, request_deserializer=agent_pb2.AgentMessage.FromString
+        )
+
+    register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
+    packed = ReportDigest().packed(health_message().SerializeToString())
+    assert packed is not None
+    async with _link(running=False) as (link, _reader):
+        calls = relayed_calls.RelayedCalls(link, handler_for)
+        try:
+            calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
+            calls.on_frame((MESSAGES, [(1, register.SerializeToString())]))
+            await asyncio.wait_for(registered.wait(), 5)
+            calls.on_frame((REPORTS, [(1, packed)] * reports))
+            seen_by_other_work = await asyncio.create_task(other_work())
+            await asyncio.wait_for(all_taken.wait(), 5)
+            assert seen_by_other_work < reports, "the report task held the loop for all of them"
+            assert calls.queued == 0
+        finally:
+            await calls.end_all()

@@ -30,6 +30,9 @@ HIGH = 20_000
 LOW = 5_000
 HIGH_BYTES = 256 * 1024 * 1024  # or their bytes (a message is at most 1 MiB)
 LOW_BYTES = 64 * 1024 * 1024
+# Reports the link's report task hands on before it lets the event loop run
+# other work: a worker's frame can hold thousands, and a report rarely waits.
+PUSHED_A_TURN = 64
 
 
 @dataclass(frozen=True)
@@ -245,7 +248,11 @@ class RelayedCalls:
         while True:
             await ready.wait()
             ready.clear()
+            turn = 0
             while pushed:
+                turn += 1
+                if turn % PUSHED_A_TURN == 0:
+                    await asyncio.sleep(0)  # the loop's other work between batches
                 ident, call, raw, report = pushed.popleft()
                 call.pushed -= 1
                 if raw is _END:
