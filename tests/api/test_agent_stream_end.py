@@ -11,6 +11,7 @@ import contextlib
 import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -29,6 +30,25 @@ async def register(name: str) -> AsyncIterator[agent_pb2.AgentMessage]:
     gpu = types_pb2.Gpu(index=0, uuid=f"GPU-{name}", model="NVIDIA H200", memory_mib=141000)
     yield agent_pb2.AgentMessage(register=agent_pb2.Register(node_name=name, gpus=[gpu]))
     await asyncio.Event().wait()  # then stay connected, sending nothing
+
+
+async def connected(channel: grpc.aio.Channel, names: list[str]) -> list[Any]:
+    """Enrol ``names`` and open a registered agent call for each."""
+    fleet = fleet_pb2_grpc.FleetServiceStub(channel)
+    for name in names:
+        await fleet.EnrollNode(
+            fleet_pb2.EnrollNodeRequest(
+                name=name,
+                bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
+                username="u",
+                password="p",
+            )
+        )
+    stub = agent_pb2_grpc.AgentServiceStub(channel)
+    calls = [stub.Connect(register(name)) for name in names]
+    for call in calls:
+        assert (await call.read()).WhichOneof("body") == "registered"
+    return calls
 
 
 @pytest.mark.timeout(120)
@@ -97,20 +117,7 @@ async def test_agents_gone_at_once_leave_no_task_pending(
     channel = grpc.aio.insecure_channel(address)
     names = [f"g{i:02d}" for i in range(20)]
     try:
-        fleet = fleet_pb2_grpc.FleetServiceStub(channel)
-        for name in names:
-            await fleet.EnrollNode(
-                fleet_pb2.EnrollNodeRequest(
-                    name=name,
-                    bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
-                    username="u",
-                    password="p",
-                )
-            )
-        stub = agent_pb2_grpc.AgentServiceStub(channel)
-        calls = [stub.Connect(register(name)) for name in names]
-        for call in calls:
-            assert (await call.read()).WhichOneof("body") == "registered"
+        calls = await connected(channel, names)
         assert server.fleet is not None
         hub = server.fleet.agents
         assert all(hub.is_connected(name) for name in names)
@@ -145,20 +152,7 @@ async def test_a_stream_waits_in_its_call_and_its_reader_alone_whatever_it_was_s
     channel = grpc.aio.insecure_channel(address)
     names = [f"p{i:02d}" for i in range(10)]
     try:
-        fleet = fleet_pb2_grpc.FleetServiceStub(channel)
-        for name in names:
-            await fleet.EnrollNode(
-                fleet_pb2.EnrollNodeRequest(
-                    name=name,
-                    bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
-                    username="u",
-                    password="p",
-                )
-            )
-        stub = agent_pb2_grpc.AgentServiceStub(channel)
-        calls = [stub.Connect(register(name)) for name in names]
-        for call in calls:
-            assert (await call.read()).WhichOneof("body") == "registered"
+        calls = await connected(channel, names)
         assert server.fleet is not None
         hub = server.fleet.agents
         for seconds in (15.0, 22.5, 30.0):

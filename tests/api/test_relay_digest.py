@@ -113,6 +113,29 @@ async def _link(
         other.close()
 
 
+REGISTER = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
+
+
+@contextlib.asynccontextmanager
+async def _relayed_call(handler: Any) -> AsyncIterator[relayed_calls.RelayedCalls]:
+    """``RelayedCalls`` on a link that is not sent on, with call 1 an
+    ``AgentService.Connect`` served by ``handler`` and sent its register."""
+
+    async def handler_for(_details: object) -> grpc.RpcMethodHandler:
+        return grpc.stream_stream_rpc_method_handler(
+            handler, request_deserializer=agent_pb2.AgentMessage.FromString
+        )
+
+    async with _link(running=False) as (link, _reader):
+        calls = relayed_calls.RelayedCalls(link, handler_for)
+        try:
+            calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
+            calls.on_frame((MESSAGES, [(1, REGISTER.SerializeToString())]))
+            yield calls
+        finally:
+            await calls.end_all()
+
+
 async def _frames(reader: asyncio.StreamReader, count: int) -> list[tuple[Any, ...]]:
     got = []
     for _ in range(count):
@@ -176,29 +199,17 @@ async def test_the_controller_hands_a_digested_report_to_the_handler_as_it_came(
         done.set()
         yield b""
 
-    async def handler_for(_details: object) -> grpc.RpcMethodHandler:
-        return grpc.stream_stream_rpc_method_handler(
-            handler, request_deserializer=agent_pb2.AgentMessage.FromString
-        )
-
-    register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
     packed = ReportDigest().packed(health_message().SerializeToString())
     assert packed is not None
-    async with _link(running=False) as (link, _reader):
-        calls = relayed_calls.RelayedCalls(link, handler_for)
-        try:
-            calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
-            calls.on_frame((MESSAGES, [(1, register.SerializeToString())]))
-            calls.on_frame((REPORTS, [(1, packed), (1, packed)]))
-            assert calls.queued == 3
-            assert calls.queued_bytes == register.ByteSize() + 2 * len(packed)
-            calls.on_frame((frames.HALF_CLOSE, 1))
-            await asyncio.wait_for(done.wait(), 5)
-            assert received == [register, packed, packed]
-            assert not gc.is_tracked(received[1])
-            assert calls.queued == 0 and calls.queued_bytes == 0
-        finally:
-            await calls.end_all()
+    async with _relayed_call(handler) as calls:
+        calls.on_frame((REPORTS, [(1, packed), (1, packed)]))
+        assert calls.queued == 3
+        assert calls.queued_bytes == REGISTER.ByteSize() + 2 * len(packed)
+        calls.on_frame((frames.HALF_CLOSE, 1))
+        await asyncio.wait_for(done.wait(), 5)
+        assert received == [REGISTER, packed, packed]
+        assert not gc.is_tracked(received[1])
+        assert calls.queued == 0 and calls.queued_bytes == 0
 
 
 @pytest.mark.timeout(30)
@@ -224,46 +235,34 @@ async def test_a_call_that_takes_its_reports_gets_them_pushed_in_order_with_its_
         done.set()
         yield b""
 
-    async def handler_for(_details: object) -> grpc.RpcMethodHandler:
-        return grpc.stream_stream_rpc_method_handler(
-            handler, request_deserializer=agent_pb2.AgentMessage.FromString
-        )
-
-    register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
     result = agent_pb2.AgentMessage(result=agent_pb2.CommandResult(id="c1", ok=True))
     digest = ReportDigest()
     r1, r2, r3, r4 = (
         digest.packed(health_message(temp_c=t).SerializeToString()) for t in (50, 51, 52, 53)
     )
     assert r1 and r2 and r3 and r4
-    async with _link(running=False) as (link, _reader):
-        calls = relayed_calls.RelayedCalls(link, handler_for)
-        try:
-            calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
-            calls.on_frame((MESSAGES, [(1, register.SerializeToString())]))
-            await asyncio.wait_for(registered.wait(), 5)
-            calls.on_frame((REPORTS, [(1, r1), (1, r2)]))
-            calls.on_frame((MESSAGES, [(1, result.SerializeToString())]))
-            calls.on_frame((REPORTS, [(1, r3)]))
-            assert calls.queued == 4
-            for _ in range(50):
-                if len(seen) == 5:
-                    break
-                await asyncio.sleep(0.01)
-            calls.on_frame((REPORTS, [(1, r4)]))  # the stream has taken all: pushed again
-            calls.on_frame((frames.HALF_CLOSE, 1))
-            await asyncio.wait_for(done.wait(), 5)
-            assert seen == [
-                ("stream", register),
-                ("sink", r1),
-                ("sink", r2),
-                ("stream", result),
-                ("stream", r3),
-                ("sink", r4),
-            ]
-            assert calls.queued == 0 and calls.queued_bytes == 0
-        finally:
-            await calls.end_all()
+    async with _relayed_call(handler) as calls:
+        await asyncio.wait_for(registered.wait(), 5)
+        calls.on_frame((REPORTS, [(1, r1), (1, r2)]))
+        calls.on_frame((MESSAGES, [(1, result.SerializeToString())]))
+        calls.on_frame((REPORTS, [(1, r3)]))
+        assert calls.queued == 4
+        for _ in range(50):
+            if len(seen) == 5:
+                break
+            await asyncio.sleep(0.01)
+        calls.on_frame((REPORTS, [(1, r4)]))  # the stream has taken all: pushed again
+        calls.on_frame((frames.HALF_CLOSE, 1))
+        await asyncio.wait_for(done.wait(), 5)
+        assert seen == [
+            ("stream", REGISTER),
+            ("sink", r1),
+            ("sink", r2),
+            ("stream", result),
+            ("stream", r3),
+            ("sink", r4),
+        ]
+        assert calls.queued == 0 and calls.queued_bytes == 0
 
 
 @pytest.mark.timeout(30)
@@ -289,24 +288,12 @@ async def test_the_report_task_lets_the_loop_run_between_batches_of_reports() ->
             registered.set()
         yield b""
 
-    async def handler_for(_details: object) -> grpc.RpcMethodHandler:
-        return grpc.stream_stream_rpc_method_handler(
-            handler, request_deserializer=agent_pb2.AgentMessage.FromString
-        )
-
-    register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
     packed = ReportDigest().packed(health_message().SerializeToString())
     assert packed is not None
-    async with _link(running=False) as (link, _reader):
-        calls = relayed_calls.RelayedCalls(link, handler_for)
-        try:
-            calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
-            calls.on_frame((MESSAGES, [(1, register.SerializeToString())]))
-            await asyncio.wait_for(registered.wait(), 5)
-            calls.on_frame((REPORTS, [(1, packed)] * reports))
-            seen_by_other_work = await asyncio.create_task(other_work())
-            await asyncio.wait_for(all_taken.wait(), 5)
-            assert seen_by_other_work < reports, "the report task held the loop for all of them"
-            assert calls.queued == 0
-        finally:
-            await calls.end_all()
+    async with _relayed_call(handler) as calls:
+        await asyncio.wait_for(registered.wait(), 5)
+        calls.on_frame((REPORTS, [(1, packed)] * reports))
+        seen_by_other_work = await asyncio.create_task(other_work())
+        await asyncio.wait_for(all_taken.wait(), 5)
+        assert seen_by_other_work < reports, "the report task held the loop for all of them"
+        assert calls.queued == 0
