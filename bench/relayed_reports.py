@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import gc
 import json
 import multiprocessing
-import os
 import socket
 import statistics
 import subprocess
@@ -177,14 +175,7 @@ async def _measure(mode: str, streams: int, rounds: int, bmc_port: int) -> dict[
             # which stops tracking tuples of plain values (the first round's
             # include what a node's first report sets up for good).
             gc.collect(0)
-            made = gc.get_objects()
-            alive.append(len(made))
-            if os.environ.get("RELAYED_REPORTS_TYPES"):
-                print(
-                    collections.Counter(type(o).__name__ for o in made).most_common(12),
-                    file=sys.stderr,
-                )
-            del made
+            alive.append(len(gc.get_objects()))
             await asyncio.sleep(0.05)
         assert taken[0] == streams * rounds, f"{taken[0]} of {streams * rounds} reports taken"
         for task in background:

@@ -130,3 +130,16 @@ class GcPauses:
             gc.get_freeze_count() - before,
             gc.get_freeze_count(),
         )
+
+
+def settle_worker(process: str) -> GcPauses:
+    """``settle`` for a worker process (a BMC reader, a relay worker), with
+    its pauses timed, logged as ``process``'s, and what survives a long
+    whole-heap collection frozen (its heap grows after it starts). Call on
+    the worker's event loop; ``stop`` the result when the worker ends."""
+    settle()
+    pauses = GcPauses(
+        lambda _generation, _seconds: None, refreeze_after=REFREEZE_AFTER, process=process
+    )
+    pauses.start()
+    return pauses

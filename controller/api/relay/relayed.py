@@ -132,6 +132,13 @@ class _Call:
         self.pushed = 0  # its messages waiting in the link's report task's queue
         self.handing = False  # its request stream has handed out a message not yet done with
 
+    def sink_now(self) -> ReportSink | None:
+        """Where a report of the call may go at once (None: through its
+        stream, after what the stream holds or is handing out)."""
+        if self.handing or not self.requests.empty():
+            return None
+        return self.context.report_sink
+
 
 class RelayedCalls:
     """Runs the calls one worker forwards, until its link ends."""
@@ -176,12 +183,7 @@ class RelayedCalls:
                     continue
                 self.queued += 1
                 self.queued_bytes += len(raw)
-                if call.pushed or (
-                    digested
-                    and call.context.report_sink is not None
-                    and not call.handing
-                    and call.requests.empty()
-                ):
+                if call.pushed or (digested and call.sink_now() is not None):
                     # To its sink; and all it is sent next, until that is done.
                     call.pushed += 1
                     pushed.append((ident, call, raw, digested))
@@ -261,8 +263,8 @@ class RelayedCalls:
                 if calls.get(ident) is not call:  # the call is over
                     self._taken(1, len(raw))
                     continue
-                sink = call.context.report_sink
-                if not report or sink is None or call.handing or not call.requests.empty():
+                sink = call.sink_now() if report else None
+                if sink is None:
                     # The stream takes it, after what it was handed before
                     # (and counts it taken).
                     call.requests.put_nowait((raw,) if report else raw)

@@ -37,7 +37,6 @@ from controller.api.relay import frames
 from controller.api.relay.digest import CONNECT, ReportDigest
 from controller.api.relay.frames import FrameWriter
 from controller.api.relay.methods import FORWARDED, Shape
-from controller.heap import GcPauses
 from controller.link import open_link
 
 log = logging.getLogger("kiln.relay")
@@ -250,13 +249,7 @@ async def serve(args: argparse.Namespace) -> int:
     # whole-heap collection walked them all (about a second at 25,000).
     # Set as the controller's; what the streams make later is frozen after a
     # long whole-heap collection.
-    heap.settle()
-    pauses = GcPauses(
-        lambda _generation, _seconds: None,
-        refreeze_after=heap.REFREEZE_AFTER,
-        process="the relay worker",
-    )
-    pauses.start()
+    pauses = heap.settle_worker("the relay worker")
     loop = asyncio.get_running_loop()
     if tls is not None:
         loop.add_signal_handler(signal.SIGHUP, lambda: _reload(tls))

@@ -28,7 +28,6 @@ from controller.bmc.gateway import PoolGateway
 from controller.bmc.loop_share import READER_SLOW_ABOVE
 from controller.bmc.pool import BmcPool
 from controller.bmc.reader import wire
-from controller.heap import GcPauses
 from controller.link import FrameError, encode, open_link, read_frame
 
 log = logging.getLogger("kiln.bmc_reader")
@@ -72,13 +71,8 @@ async def serve(args: argparse.Namespace) -> int:
     # objects at 25,000 nodes): with CPython's collector settings each
     # whole-heap collection walked them (about 250 ms), 17 % of its CPU a
     # read (bench: 0.50 ms a read, 0.42 with these). Set as the controller's.
-    heap.settle()
-    pauses = GcPauses(
-        lambda _generation, _seconds: None,
-        refreeze_after=heap.REFREEZE_AFTER,  # the handles are made as nodes are read
-        process="the BMC reader",
-    )
-    pauses.start()
+    # The handles are made as nodes are read: refrozen after a long collection.
+    pauses = heap.settle_worker("the BMC reader")
     try:
         return await _serve(args)
     finally:
