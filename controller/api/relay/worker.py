@@ -261,8 +261,13 @@ async def serve(args: argparse.Namespace) -> int:
             if frame is None:
                 break
             relay.answer(frame)
-    except (frames.FrameError, ConnectionError):
+    except frames.FrameError:
         log.exception("relay worker: the link to the controller failed")
+    except ConnectionError as e:
+        # The controller closed its end with frames of this worker's still to
+        # send (it stops: every busy worker saw this; or it died, which its
+        # own log says): the worker stops as at the link's end.
+        log.info("relay worker: the controller closed the link (%s); stopping", e)
     finally:
         pauses.stop()
         relay.end_all()

@@ -104,8 +104,10 @@ async def _serve(args: argparse.Namespace) -> int:
             task = asyncio.create_task(answer(gateway, frame, send))
             calls.add(task)
             task.add_done_callback(calls.discard)
-    except (FrameError, ConnectionError):
+    except FrameError:
         log.exception("BMC reader: the link to the controller failed")
+    except ConnectionError as e:  # the controller closed its end first (the relay worker's note)
+        log.info("BMC reader: the controller closed the link (%s); stopping", e)
     finally:
         for task in calls:
             task.cancel()
