@@ -282,6 +282,24 @@ def controller_cpu_s(pid: int) -> float:
     return cpu_of(with_children(pid))
 
 
+HELPER_ROLES = (
+    ("controller.api.relay.worker", "relay workers"),
+    ("controller.bmc.reader", "BMC readers"),
+)
+
+
+def helpers_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of the controller's helper processes, by role."""
+    found = dict.fromkeys((role for _, role in HELPER_ROLES), 0.0)
+    for child in with_children(pid)[1:]:
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            for module, role in HELPER_ROLES:
+                if module in command:
+                    found[role] += pid_cpu_s(child)
+    return found
+
+
 def machine_busy_s() -> float:
     """CPU seconds every core of this machine spent not idle, since boot
     (``/proc/stat``: user, nice, system, irq, softirq and steal)."""
@@ -999,7 +1017,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             # -- the report window --
             pids = generators.pids
             before = await generators.ask(30, "stats", True)
-            main0 = pid_cpu_s(proc.pid)
+            main0, helpers0, busy0 = pid_cpu_s(proc.pid), helpers_cpu_s(proc.pid), machine_busy_s()
             c0, g0, m0, t0 = (
                 controller_cpu_s(proc.pid),
                 cpu_of(pids),
@@ -1012,7 +1030,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             last = {**(await probe_streams.pause())}
             for m in last_maps:
                 last.update(m)
-            main1 = pid_cpu_s(proc.pid)
+            main1, helpers1, busy1 = pid_cpu_s(proc.pid), helpers_cpu_s(proc.pid), machine_busy_s()
             c1, g1, m1, t1 = (
                 controller_cpu_s(proc.pid),
                 cpu_of(pids),
@@ -1106,13 +1124,19 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 + (
                     f" (with {helpers(args)}; the controller's own process "
                     f"{(main1 - main0) / window:.2f} cores, "
-                    f"{(main1 - main0) / max(1, processed) * 1e6:.0f} us/report)"
+                    f"{(main1 - main0) / max(1, processed) * 1e6:.0f} us/report"
+                    + "".join(
+                        f", {role} {(helpers1[role] - helpers0[role]) / window:.2f} cores"
+                        for role in helpers1
+                        if helpers1[role] > helpers0[role]
+                    )
+                    + ")"
                     if args.agent_relays > 0 or args.bmc_readers > 0
                     else ""
                 )
                 + "; generators "
-                f"{(g1 - g0) / window:.2f} cores, this process {(m1 - m0) / window:.2f} cores "
-                f"({ncpu} cores on this machine)"
+                f"{(g1 - g0) / window:.2f} cores, this process {(m1 - m0) / window:.2f} cores; "
+                f"the machine {(busy1 - busy0) / window:.2f} of its {ncpu} cores busy"
             )
 
             print(
