@@ -1067,6 +1067,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
                 drained = time.monotonic() - listed_at
             processed = max(0, sent - behind)
             # Idle: every stream open, nothing sent.
+            print(f"  idle for {args.idle_seconds:g}s: every stream open, nothing sent", flush=True)
             await asyncio.sleep(1.0)
             i0, it0 = controller_cpu_s(proc.pid), time.monotonic()
             await asyncio.sleep(args.idle_seconds)
