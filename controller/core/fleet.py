@@ -207,6 +207,7 @@ class Fleet:
             silent_after=agent_silent_after,
             bmc_sample_interval=bmc_thermal_interval,
             meter=self.meter,
+            report_interval=lambda: self.pace.interval(),
         )
         self.power_sync = PowerSync(
             store,

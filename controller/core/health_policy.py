@@ -175,8 +175,12 @@ class PolicyRunner:
         bmc_sample_interval: float = 10.0,
         clock: Callable[[], float] = time.time,
         meter: Meter | None = None,
+        report_interval: Callable[[], float] = lambda: 0.0,
     ) -> None:
+        """``report_interval``: how often the agents are asked to report now
+        (the controller's pace): a paced agent's reports are not gaps."""
         self._store = store
+        self._report_interval = report_interval
         self._meter: Meter = meter or NullMeter()
         self._nodes = nodes
         self._agents = agents
@@ -251,7 +255,7 @@ class PolicyRunner:
         await self.restore()
         self.resets.observe(node, health)
         sample = sample_from_report(node, rack, self._clock(), health)
-        self._dispatch(self.engine.observe(sample))
+        self._dispatch(self.engine.observe(sample, interval_s=self._report_interval()))
 
     async def run(self) -> None:
         self._started_at = self._clock()

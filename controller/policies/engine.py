@@ -43,6 +43,13 @@ from controller.policies.samples import HealthSample
 log = logging.getLogger(__name__)
 
 GAP_LOG_EVERY_S = 60.0  # of sample time: lines about gaps between samples, at most
+# A sample within this many report intervals (as the node's agent was asked
+# to report) of the last is no gap, however long ``max_sample_gap``: the
+# controller slows its agents down when it is behind (up to a minute a
+# report, ``core/report_pace.py``), and at the default 30 s every streak
+# would restart with every report. Two: an agent takes up a new interval
+# after its current wait (the pace changes by 1.5x at most a step).
+GAP_INTERVALS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +134,20 @@ class PolicyEngine:
     def rules(self) -> RuleSet:
         return self._rules
 
-    def observe(self, sample: HealthSample) -> list[Action]:
-        """Feed one sample; return the actions it triggers now (maybe none)."""
+    def observe(self, sample: HealthSample, *, interval_s: float = 0.0) -> list[Action]:
+        """Feed one sample; return the actions it triggers now (maybe none).
+
+        ``interval_s``: how often the node's agent is asked to report (0:
+        not known). Samples further apart than ``max_sample_gap`` restart
+        the node's streaks, unless they are within ``GAP_INTERVALS`` of it.
+        """
         last = self._last_at.get(sample.node)
         if last is not None and sample.at < last:
             log.debug("node %s: ignoring sample at %s older than %s", sample.node, sample.at, last)
             return []
         gap = False
-        if last is not None and sample.at - last > self._rules.max_sample_gap_s:
+        allowed = max(self._rules.max_sample_gap_s, GAP_INTERVALS * interval_s)
+        if last is not None and sample.at - last > allowed:
             gap = True
             self._note_gap(sample.node, sample.at - last, sample.at)
         self._last_at[sample.node] = sample.at

@@ -99,6 +99,21 @@ def test_for_duration_resets_on_gap() -> None:
     assert kinds(engine.observe(hot("n1", 90, 88.0))) == ["drain"]
 
 
+def test_reports_at_the_pace_the_agents_were_asked_for_are_no_gap() -> None:
+    """The controller slowed its agents to one report every 35 s, over the
+    30 s ``max_sample_gap``: reports 35-40 s apart keep the streak, and a
+    report missed at that pace (75 s) still restarts it."""
+    unpaced = engine_for(HEAT_RULES)
+    assert [unpaced.observe(hot("n1", t, 88.0), interval_s=10.0) for t in (0, 35, 75)] == [[]] * 3
+    paced = engine_for(HEAT_RULES)
+    assert paced.observe(hot("n1", 0, 88.0), interval_s=35.0) == []
+    assert kinds(paced.observe(hot("n1", 35, 88.0), interval_s=35.0)) == ["drain"]
+    missed = engine_for(HEAT_RULES)
+    for t in (0, 75):  # one report missed: a gap, the streak starts again at 75
+        assert missed.observe(hot("n1", t, 88.0), interval_s=35.0) == []
+    assert kinds(missed.observe(hot("n1", 110, 88.0), interval_s=35.0)) == ["drain"]
+
+
 def test_a_fleet_wide_gap_is_one_log_line_not_one_per_node(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
