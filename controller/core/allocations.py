@@ -241,7 +241,10 @@ class Allocations:
         *,
         queues: Sequence[QueueConfig] = (),
         meter: Meter | None = None,
+        report_interval: Callable[[], float] = lambda: 0.0,
     ) -> None:
+        """``report_interval``: how often the agents are asked to report now
+        (the held nodes' tallies count a paced agent's whole gaps)."""
         self._store = store
         self._meter: Meter = meter or NullMeter()
         self._nodes = nodes
@@ -271,7 +274,7 @@ class Allocations:
         self._landed.set()
         self._background = BackgroundTasks()  # passes asked for by releases
         # What held nodes went through, per allocation (``report``).
-        self.job_health = JobHealth()
+        self.job_health = JobHealth(report_interval=report_interval)
         # Each compute node's spec, recomputed only where something changed
         # (``node_specs.py``; ``Fleet`` also touches a node whose agent
         # attaches or leaves).

@@ -166,7 +166,13 @@ class Fleet:
         # node whose power is blocked by a coolant leak, whoever asks.
         self.bmc: BmcGateway = PowerBlockGate(bmc, self.nodes)
         bmc = self.bmc
-        self.allocations = Allocations(store, self.nodes, queues=queues, meter=self.meter)
+        self.allocations = Allocations(
+            store,
+            self.nodes,
+            queues=queues,
+            meter=self.meter,
+            report_interval=lambda: self.pace.interval(),
+        )
         self.agents.watch(self.allocations.specs.touch)  # connected: schedulable
         self.checks = (
             CheckRunner(store, self.nodes, self.agents, checks, on_done=self._checked)

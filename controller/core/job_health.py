@@ -6,8 +6,11 @@ prepared for it) is folded into that allocation's tally, per node and GPU:
 
 1. **Time.** A report's time is its ``sampled_at`` (the agent's clock, so the
    gaps between one agent's reports are true), else when it arrived. The gap
-   since the node's previous report is capped at ``MAX_GAP_S``: a silent agent
-   does not count hours of throttling or energy it never reported. The first
+   since the node's previous report is capped at ``MAX_GAP_S``, or twice the
+   interval the agents were asked for if longer (a controller that is behind
+   slows its agents down, up to a minute a report): a silent agent does not
+   count hours of throttling or energy it never reported, and a paced one
+   counts all of its time. The first
    report of a node in an allocation opens its time; it counts no gap.
 2. **Maximum temperature**: the highest ``temp_c`` seen.
 3. **Throttled seconds by reason**, from ``clock_event_reasons`` (NVML's
@@ -70,6 +73,7 @@ THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
 THROTTLE_MASK = sum(bit for _, bit in THROTTLE_REASONS)  # distinct bits: their sum is their OR
 
 MAX_GAP_S = 30.0  # the most one gap between two reports counts (six 5 s reports)
+GAP_INTERVALS = 2.0  # ... or this many intervals asked for (policies/engine.py says why two)
 XIDS_KEPT = 64  # XIDs listed per GPU before only new codes are added
 COUNT_MAX = 2**64 - 1  # the report's counts are uint64: growth across resets saturates
 HELD_STATES = frozenset({NodeState.ALLOCATED, NodeState.DRAINING})
@@ -344,10 +348,10 @@ class _NodeTally:
         self.reports = 0
         self.gpus: dict[int, _GpuTally] = {}
 
-    def add(self, health: HealthReport, at: float) -> None:
+    def add(self, health: HealthReport, at: float, longest_gap: float) -> None:
         t = health.sampled_at or at
         last = self.last_at
-        gap = 0.0 if last is None else min(max(t - last, 0.0), MAX_GAP_S)
+        gap = 0.0 if last is None else min(max(t - last, 0.0), longest_gap)
         if last is None or t > last:
             self.last_at = t
         self.reports += 1
@@ -391,8 +395,14 @@ class JobHealth:
     """Per-allocation tallies of its held nodes' reports; see the module
     docstring. Not thread-safe: call it on the event loop only."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        report_interval: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        """``report_interval``: how often the agents are asked to report now."""
         self.started_at = clock()  # tallies count from here
+        self._report_interval = report_interval
         self._held: dict[str, _NodeTally] = {}  # node → its tally in the allocation holding it
         self._open: dict[str, _JobTally] = {}  # allocation → its tally
 
@@ -426,7 +436,7 @@ class JobHealth:
             else:
                 tally.rejoined()
             self._held[node] = tally
-        tally.add(health, at)
+        tally.add(health, at, max(MAX_GAP_S, GAP_INTERVALS * self._report_interval()))
 
     def left(self, node: str) -> None:
         """``node`` is no longer in the allocation it was followed for (its

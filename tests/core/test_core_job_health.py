@@ -336,6 +336,29 @@ def test_tally(reports: list[HealthReport], check: Callable[[GpuJobHealth], bool
 
 
 @pytest.mark.timeout(10)
+def test_a_paced_agents_gaps_count_whole_and_a_silent_ones_still_capped() -> None:
+    """The controller asked its agents for one report every 45 s: a gap of
+    45 s counts whole, one of an hour is still capped (at two intervals)."""
+    paced = JobHealth(clock=lambda: 0.0, report_interval=lambda: 45.0)
+    for at in (0.0, 45.0, 3645.0):
+        paced.observe("a", "n1", reading(at=at, clock_event_reasons=0x20, power_w=100.0), at=at)
+    (gpu_health,) = paced.snapshot("a").gpus
+    assert gpu_health.throttled_s == {"sw_thermal": 45.0 + 90.0}
+    assert gpu_health.energy_j == 100.0 * (45.0 + 90.0)
+
+
+@pytest.mark.timeout(30)
+async def test_the_fleets_tallies_follow_its_pace(make_fleet: Callable[..., Fleet]) -> None:
+    async with fleet_of(make_fleet, ("n1",)) as (fleet, _):
+        fleet.pace.stretched = 50.0  # behind: every agent asked for one report each 50 s
+        alloc = await fleet.create_allocation("paced", AllocationSpec(nodes=1))
+        for at in (T0, T0 + 50):
+            await fleet.agent_health("n1", reading(at=at, clock_event_reasons=0x20))
+        (gpu_health,) = fleet.allocations.job_health.snapshot(alloc.id).gpus
+        assert gpu_health.throttled_s == {"sw_thermal": 50.0}  # not capped at 30 s
+
+
+@pytest.mark.timeout(10)
 def test_the_report_round_trips_through_its_event_data() -> None:
     health = JobHealth(clock=lambda: 0.0)
     health.observe("a", "n1", reading(at=0, temp_c=50.0, xids=(79,)), at=0.0)
