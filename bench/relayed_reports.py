@@ -11,10 +11,15 @@ every report (the code before: ``take_reports`` made a no-op, standing in
 for it). Printed for each: the CPU per report, the objects made for a round
 that are still alive once it has been taken (the collector walks them until
 the next round: at a fleet's real pace, ten seconds, 25,000 streams'
-worth). The collector is set as the controller's (``heap.settle``), and
-what is alive before each round is frozen, so that only objects the round
-made are counted (their addresses are often those of the ones they
-replaced).
+worth). Then a change of pace (``AgentHub.pace``: one ``Pace`` to every
+agent), timed until the stand-in worker has read every one: told on the
+link at once (``RelayedContext.answer_now``, as now), or through each
+session's queue and stream (the code before: ``agent_service._tell_pace``
+made to decline, standing in for it). Both times include the stand-in
+worker parsing each frame it reads, in the same process. The collector
+is set as the controller's (``heap.settle``), and what is alive before
+each round is frozen, so that only objects the round made are counted
+(their addresses are often those of the ones they replaced).
 The nodes' BMCs are the fleet benchmarks' stand-in Redfish responder on
 loopback, so every node comes ready before the rounds.
 
@@ -43,6 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "proto"), str(ROOT / "bench")]
 from fleet_load import node_messages, responder_main  # noqa: E402
 
 from controller import heap  # noqa: E402
+from controller.api import agent_service  # noqa: E402
 from controller.api.relay import frames  # noqa: E402
 from controller.api.relay.digest import CONNECT, ReportDigest  # noqa: E402
 from controller.api.relay.frames import FrameWriter  # noqa: E402
@@ -64,16 +70,22 @@ def peer(i: int) -> str:
     return f"ipv4:127.{1 + i // 60_000}.{(i // 250) % 240}.{i % 250 + 1}:50000"
 
 
-async def _agents(reader: asyncio.StreamReader, calls: list[RelayedCalls]) -> None:
+async def _agents(
+    reader: asyncio.StreamReader, calls: list[RelayedCalls], paces: list[int]
+) -> None:
     """The worker's side of the link, for the calls' agents: each message
-    handed on at once (``SENT``), each command answered done."""
+    handed on at once (``SENT``), each command answered done, each ``Pace``
+    counted in ``paces``."""
     while (frame := await frames.read_frame(reader)) is not None:
         if frame[0] != frames.OUT:
             continue
         _, ident, raw = frame
         calls[0].on_frame((frames.SENT, ident, 1))
         message = agent_pb2.ControllerMessage.FromString(raw)
-        if message.WhichOneof("body") == "command":
+        body = message.WhichOneof("body")
+        if body == "pace":
+            paces[0] += 1
+        elif body == "command":
             result = agent_pb2.AgentMessage(
                 result=agent_pb2.CommandResult(id=message.command.id, ok=True)
             )
@@ -83,6 +95,7 @@ async def _agents(reader: asyncio.StreamReader, calls: list[RelayedCalls]) -> No
 async def measure(mode: str, streams: int, rounds: int) -> dict[str, Any]:
     if mode == "stream":
         RelayedContext.take_reports = lambda self, sink: None  # type: ignore[method-assign]
+        agent_service._tell_pace = lambda answer_now, seconds: False
     # The nodes' BMCs: the fleet benchmarks' stand-in Redfish responder (every
     # system on), so that every node comes ready and its lifecycle rests.
     spawn = multiprocessing.get_context("spawn")
@@ -122,9 +135,10 @@ async def _measure(mode: str, streams: int, rounds: int, bmc_port: int) -> dict[
         reader, other = await asyncio.open_unix_connection(sock=theirs)
         link = FrameWriter(writer)
         calls = RelayedCalls(link, server._relayed_handler)  # the relay supervisor's handler
+        paces = [0]
         background = [
             asyncio.create_task(link.run()),
-            asyncio.create_task(_agents(reader, [calls])),
+            asyncio.create_task(_agents(reader, [calls], paces)),
         ]
         register, report = node_messages("rr-00000", 7)
         for i in range(streams):
@@ -178,6 +192,12 @@ async def _measure(mode: str, streams: int, rounds: int, bmc_port: int) -> dict[
             alive.append(len(gc.get_objects()))
             await asyncio.sleep(0.05)
         assert taken[0] == streams * rounds, f"{taken[0]} of {streams * rounds} reports taken"
+        started = time.process_time()
+        assert fleet.agents.pace(42.0) == streams
+        while paces[0] < streams:
+            assert time.monotonic() < deadline + 600, f"{paces[0]} of {streams} paces read"
+            await asyncio.sleep(0.001)
+        pace_cpu = time.process_time() - started
         for task in background:
             task.cancel()
         await calls.end_all()
@@ -187,6 +207,7 @@ async def _measure(mode: str, streams: int, rounds: int, bmc_port: int) -> dict[
     return {
         "us_per_report": statistics.median(cpu) / streams * 1e6,
         "alive_per_stream": statistics.median(alive[1:] or alive) / streams,
+        "us_per_pace": pace_cpu / streams * 1e6,
     }
 
 
@@ -224,7 +245,8 @@ def main() -> int:
         r = got[mode] = json.loads(out.strip().splitlines()[-1])
         print(
             f"  {what}: {r['us_per_report']:.1f} us a report, "
-            f"{r['alive_per_stream']:.1f} objects a stream made for a round still alive"
+            f"{r['alive_per_stream']:.1f} objects a stream made for a round still alive; "
+            f"a change of pace {r['us_per_pace']:.1f} us an agent"
         )
     pushed, stream = got["pushed"], got["stream"]
     print(
@@ -232,7 +254,12 @@ def main() -> int:
         f"against {stream['us_per_report']:.1f} through the streams "
         f"({stream['us_per_report'] / pushed['us_per_report']:.2f}x); objects kept a stream "
         f"{pushed['alive_per_stream']:.1f} against {stream['alive_per_stream']:.1f}, "
-        f"{streams_at(pushed, stream)} at 25,000 streams"
+        f"{streams_at(pushed, stream)} at 25,000 streams; a change of pace "
+        f"{pushed['us_per_pace']:.1f} us an agent told on the link against "
+        f"{stream['us_per_pace']:.1f} through the streams "
+        f"({stream['us_per_pace'] / pushed['us_per_pace']:.1f}x; "
+        f"{pushed['us_per_pace'] * 25:.0f} against {stream['us_per_pace'] * 25:.0f} ms "
+        f"at 25,000 agents)"
     )
     return 0
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
@@ -41,6 +41,11 @@ def outgoing_pb(item: Outgoing) -> agent_pb2.ControllerMessage:
     if isinstance(item, ReportInterval):
         return agent_pb2.ControllerMessage(pace=agent_pb2.Pace(sample_interval_s=item.seconds))
     return command_pb(*item)
+
+
+def _tell_pace(answer_now: Callable[[bytes], bool], seconds: float) -> bool:
+    """A new pace for a relayed call's agent, straight onto the link."""
+    return answer_now(outgoing_pb(ReportInterval(seconds)).SerializeToString())
 
 
 def command_pb(command_id: str, command: AgentCommand) -> agent_pb2.ControllerMessage:
@@ -104,6 +109,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         take_reports = getattr(context, "take_reports", None)
         if take_reports is not None:  # a relay worker's call (relay/relayed.py)
             take_reports(partial(self._pushed_report, session, refusals))
+            # ... whose new paces go straight onto the link, now that
+            # ``registered`` has gone (AgentHub.pace).
+            session.tell_pace = partial(_tell_pace, context.answer_now)
         # A call can end while this generator waits at a ``yield`` (the agent
         # went away while a message was being sent): gRPC then drops the
         # generator unclosed, and its ``finally`` runs only when the

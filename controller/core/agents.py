@@ -33,6 +33,10 @@ class AgentSession:
     pending: dict[str, asyncio.Future[CommandOutcome]] = field(default_factory=dict)
     closed: bool = False
     attached_at: float = field(default_factory=time.time)  # when it registered (Unix s)
+    # Set by a transport that can tell the agent a new pace at once, beside
+    # the queue (a relayed call: straight onto its worker's link); False
+    # when it cannot now, and the queue takes it.
+    tell_pace: Callable[[float], bool] | None = None
 
     def reading_ended(self) -> None:
         """The agent's messages ended (or were refused): wake the transport's
@@ -117,6 +121,10 @@ class AgentHub:
         if session is not None:
             self.detach(session)
 
+    def session(self, node: str) -> AgentSession | None:
+        """The node's connected agent's session (None: none is connected)."""
+        return self._sessions.get(node)
+
     def is_connected(self, node: str) -> bool:
         return node in self._sessions
 
@@ -139,10 +147,18 @@ class AgentHub:
         return len(self._sessions)
 
     def pace(self, seconds: float) -> int:
-        """Ask every connected agent to report every ``seconds``; returns how many."""
+        """Ask every connected agent to report every ``seconds``; returns how many.
+
+        A session whose transport can tell it at once (``tell_pace``), with
+        nothing in its queue that would then come after (an older pace), is
+        told so: a change of pace asks every agent of the fleet, and through
+        the queue each one wakes its stream (25,000 at fleet size: seconds of
+        the event loop for one change)."""
         asked = ReportInterval(seconds)
         for session in self._sessions.values():
-            session.queue.put_nowait(asked)
+            tell = session.tell_pace
+            if tell is None or not session.queue.empty() or not tell(seconds):
+                session.queue.put_nowait(asked)
         return len(self._sessions)
 
     async def call(self, node: str, command: AgentCommand, timeout: float) -> CommandOutcome:

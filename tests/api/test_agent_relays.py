@@ -210,6 +210,40 @@ async def test_a_relayed_agent_registers_reports_and_answers_commands(tmp_path: 
 
 
 @pytest.mark.timeout(120)
+async def test_a_new_pace_goes_onto_the_link_at_once_without_waking_the_streams(
+    tmp_path: Path,
+) -> None:
+    """A change of pace asks every agent of the fleet: a relayed call's agent
+    is told on the link at once, without its session's queue (through the
+    queue, each of 25,000 streams was woken to send it)."""
+    async with relayed(tmp_path) as r:
+        fleet = r.server.fleet
+        assert fleet is not None
+        await enrol(r.api, "p0", "p1")
+        agents = {name: Agent(r.agents) for name in ("p0", "p1")}
+        for name, agent in agents.items():
+            agent.send(registration(name))
+            assert (await agent.read()).WhichOneof("body") == "registered"
+        assert fleet.agents.pace(42.0) == 2
+        for name in agents:  # told already: nothing left for the stream to send
+            session = fleet.agents.session(name)
+            assert session is not None and session.queue.empty()
+        for agent in agents.values():
+            assert (await agent.read()).pace.sample_interval_s == 42.0
+        # A command still goes through the stream, and the next pace beside it.
+        calling = asyncio.create_task(fleet.agents.call("p0", AgentCommand("reset_gpus"), 10))
+        command = (await agents["p0"].read()).command
+        fleet.agents.pace(63.0)
+        assert (await agents["p0"].read()).pace.sample_interval_s == 63.0
+        agents["p0"].send(
+            agent_pb2.AgentMessage(result=agent_pb2.CommandResult(id=command.id, ok=True))
+        )
+        assert (await calling).ok
+        for agent in agents.values():
+            agent.call.cancel()
+
+
+@pytest.mark.timeout(120)
 async def test_relayed_refusals_keep_their_status_and_text(tmp_path: Path) -> None:
     async with relayed(tmp_path) as r:
         agents = r.agents

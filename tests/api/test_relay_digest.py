@@ -117,21 +117,24 @@ REGISTER = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n0"))
 
 
 @contextlib.asynccontextmanager
-async def _relayed_call(handler: Any) -> AsyncIterator[relayed_calls.RelayedCalls]:
-    """``RelayedCalls`` on a link that is not sent on, with call 1 an
-    ``AgentService.Connect`` served by ``handler`` and sent its register."""
+async def _relayed_call(
+    handler: Any, *, running: bool = False
+) -> AsyncIterator[tuple[relayed_calls.RelayedCalls, asyncio.StreamReader]]:
+    """``RelayedCalls`` on a link (sent on when ``running``, read by the
+    reader yielded), with call 1 an ``AgentService.Connect`` served by
+    ``handler`` and sent its register."""
 
     async def handler_for(_details: object) -> grpc.RpcMethodHandler:
         return grpc.stream_stream_rpc_method_handler(
             handler, request_deserializer=agent_pb2.AgentMessage.FromString
         )
 
-    async with _link(running=False) as (link, _reader):
+    async with _link(running=running) as (link, reader):
         calls = relayed_calls.RelayedCalls(link, handler_for)
         try:
             calls.on_frame((OPEN, 1, CONNECT, (), {}, "ipv4:127.0.0.1:1", None))
             calls.on_frame((MESSAGES, [(1, REGISTER.SerializeToString())]))
-            yield calls
+            yield calls, reader
         finally:
             await calls.end_all()
 
@@ -201,7 +204,7 @@ async def test_the_controller_hands_a_digested_report_to_the_handler_as_it_came(
 
     packed = ReportDigest().packed(health_message().SerializeToString())
     assert packed is not None
-    async with _relayed_call(handler) as calls:
+    async with _relayed_call(handler) as (calls, _):
         calls.on_frame((REPORTS, [(1, packed), (1, packed)]))
         assert calls.queued == 3
         assert calls.queued_bytes == REGISTER.ByteSize() + 2 * len(packed)
@@ -241,7 +244,7 @@ async def test_a_call_that_takes_its_reports_gets_them_pushed_in_order_with_its_
         digest.packed(health_message(temp_c=t).SerializeToString()) for t in (50, 51, 52, 53)
     )
     assert r1 and r2 and r3 and r4
-    async with _relayed_call(handler) as calls:
+    async with _relayed_call(handler) as (calls, _):
         await asyncio.wait_for(registered.wait(), 5)
         calls.on_frame((REPORTS, [(1, r1), (1, r2)]))
         calls.on_frame((MESSAGES, [(1, result.SerializeToString())]))
@@ -290,10 +293,49 @@ async def test_the_report_task_lets_the_loop_run_between_batches_of_reports() ->
 
     packed = ReportDigest().packed(health_message().SerializeToString())
     assert packed is not None
-    async with _relayed_call(handler) as calls:
+    async with _relayed_call(handler) as (calls, _):
         await asyncio.wait_for(registered.wait(), 5)
         calls.on_frame((REPORTS, [(1, packed)] * reports))
         seen_by_other_work = await asyncio.create_task(other_work())
         await asyncio.wait_for(all_taken.wait(), 5)
         assert seen_by_other_work < reports, "the report task held the loop for all of them"
         assert calls.queued == 0
+
+
+@pytest.mark.timeout(30)
+async def test_an_answer_sent_at_once_takes_credit_and_never_overtakes_a_held_one() -> None:
+    """``RelayedContext.answer_now`` (a new pace for a relayed agent): it
+    goes onto the link at once, beside the handler's own answers, and takes
+    one of the call's credit; with none left, or while an answer of the
+    handler's waits for credit (it may be an older pace), it is not sent
+    (``AgentHub.pace`` then queues it behind)."""
+    contexts: list[Any] = []
+    go = asyncio.Event()
+
+    async def handler(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[bytes]:
+        contexts.append(context)
+        await go.wait()
+        for i in range(frames.WINDOW):
+            yield b"a%d" % i
+        async for _ in requests:
+            pass
+
+    async with _relayed_call(handler, running=True) as (calls, reader):
+        for _ in range(100):
+            if contexts:
+                break
+            await asyncio.sleep(0.01)
+        (context,) = contexts
+        assert context.answer_now(b"now")
+        go.set()  # WINDOW answers: the credit left takes all but the last, which waits
+        sent = await _frames(reader, frames.WINDOW)
+        assert sent == [(frames.OUT, 1, b"now")] + [
+            (frames.OUT, 1, b"a%d" % i) for i in range(frames.WINDOW - 1)
+        ]
+        assert not context.answer_now(b"late")  # no credit left
+        calls.on_frame((frames.SENT, 1, 1))
+        assert not context.answer_now(b"late")  # the held answer goes first
+        assert await _frames(reader, 1) == [(frames.OUT, 1, b"a%d" % (frames.WINDOW - 1))]
+        calls.on_frame((frames.SENT, 1, 1))
+        assert context.answer_now(b"next")
+        assert await _frames(reader, 1) == [(frames.OUT, 1, b"next")]

@@ -1,6 +1,7 @@
 """``AgentHub.attached_since``: after a power cycle the controller waits for
 the agent of the new boot, not a session of the old one still attached; and
-``without_agent``, the silent-agent scan's first cut."""
+``without_agent``, the silent-agent scan's first cut; ``pace``, told at once
+where the transport can."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import pytest
 
 from controller.core.agents import AgentHub
+from controller.core.model import ReportInterval
 
 
 @pytest.mark.timeout(10)
@@ -56,3 +58,33 @@ async def test_without_agent_names_the_nodes_whose_agent_is_not_connected() -> N
     assert hub.without_agent(["n0", "n1", "n2", "n3"]) == ["n0", "n2"]
     hub.detach(first)
     assert hub.without_agent(["n3", "n1"]) == ["n1"], "in the order given"
+
+
+@pytest.mark.timeout(10)
+async def test_a_pace_is_told_at_once_only_where_nothing_older_could_come_after_it() -> None:
+    """``AgentHub.pace``: a session whose transport can tell its agent at
+    once is told so; one that holds something not yet sent (an older pace
+    may be in it), or whose transport cannot now, gets it in its queue."""
+    hub = AgentHub()
+    told: dict[str, list[float]] = {"now": [], "busy": [], "refusing": []}
+    for name, accepts in (("now", True), ("busy", True), ("refusing", False)):
+        session = hub.attach(name)
+        session.tell_pace = lambda s, name=name, accepts=accepts: told[name].append(s) or accepts
+    plain = hub.attach("plain")  # a transport that cannot: always its queue
+    busy = hub.session("busy")
+    assert busy is not None
+    busy.queue.put_nowait(ReportInterval(30.0))
+    assert hub.pace(45.0) == 4
+    assert told == {"now": [45.0], "busy": [], "refusing": [45.0]}
+    queued = {
+        name: [s.queue.get_nowait() for _ in range(s.queue.qsize())]
+        for name in ("now", "busy", "refusing", "plain")
+        if (s := hub.session(name)) is not None
+    }
+    assert queued == {
+        "now": [],
+        "busy": [ReportInterval(30.0), ReportInterval(45.0)],
+        "refusing": [ReportInterval(45.0)],
+        "plain": [ReportInterval(45.0)],
+    }
+    assert plain.tell_pace is None

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -70,6 +71,8 @@ class RelayedContext:
         self._details = ""
         self._done: list[Callable[[Any], None]] = []
         self.report_sink: ReportSink | None = None
+        # Set by the link's side (``RelayedCalls``): see ``answer_now``.
+        self.answer_now: Callable[[bytes], bool] = lambda raw: False
 
     def take_reports(self, sink: ReportSink) -> None:
         """From now on the call's digested reports go to ``sink``, in order
@@ -83,6 +86,11 @@ class RelayedContext:
         report task, a report wakes no stream.
         """
         self.report_sink = sink
+
+    # ``answer_now(raw)``: send one answer of the call (its serialized bytes)
+    # at once, beside its handler's stream of answers, in no order with
+    # them; True when sent, False when it cannot be now (the worker's client
+    # reads slowly, or the call is over).
 
     def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
         return self._metadata
@@ -121,7 +129,7 @@ class RelayedContext:
 
 
 class _Call:
-    __slots__ = ("context", "credit", "handing", "more", "pushed", "requests", "task")
+    __slots__ = ("context", "credit", "handing", "holding", "more", "pushed", "requests", "task")
 
     def __init__(self, context: RelayedContext) -> None:
         self.context = context
@@ -131,6 +139,7 @@ class _Call:
         self.more = asyncio.Event()
         self.pushed = 0  # its messages waiting in the link's report task's queue
         self.handing = False  # its request stream has handed out a message not yet done with
+        self.holding = False  # its handler's answer waits for credit
 
     def sink_now(self) -> ReportSink | None:
         """Where a report of the call may go at once (None: through its
@@ -202,6 +211,7 @@ class RelayedCalls:
             _, ident, method, metadata, auth, peer, timeout, *request = frame
             context = RelayedContext(tuple(metadata), auth, peer, timeout)
             call = self._calls[ident] = _Call(context)
+            context.answer_now = partial(self._answer_now, ident, call)
             if request:  # a call of one request message: all its requests
                 call.requests.put_nowait(request[0])
                 call.requests.put_nowait(_END)
@@ -227,6 +237,14 @@ class RelayedCalls:
             if call is not None:
                 call.credit += frame[2]
                 call.more.set()
+
+    def _answer_now(self, ident: int, call: _Call, raw: bytes) -> bool:
+        # Not ahead of an answer that waits for credit: that may be an older pace.
+        if self._calls.get(ident) is not call or call.credit <= 0 or call.holding:
+            return False
+        call.credit -= 1
+        self._link.send((frames.OUT, ident, raw))
+        return True
 
     def _gone(self, ident: int) -> None:
         call = self._calls.pop(ident, None)
@@ -338,8 +356,10 @@ class RelayedCalls:
         try:
             async for response in responses:
                 while call.credit <= 0:  # the worker's client reads slowly: wait
+                    call.holding = True
                     call.more.clear()
                     await call.more.wait()
+                call.holding = False
                 call.credit -= 1
                 out(response)
         finally:
