@@ -1,4 +1,5 @@
-"""Waiting on a live controller until the fleet or an allocation gets somewhere.
+"""Waiting on a live controller until the fleet or an allocation gets somewhere,
+and enrolling the nodes to wait on.
 
 Shared by the end-to-end tests; each wait fails with what it last saw.
 """
@@ -14,6 +15,23 @@ from controller.cli.pages import every_page_async
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2
 
 Stub = fleet_pb2_grpc.FleetServiceStub
+
+
+async def enroll_unreachable(
+    stub: Stub, *names: str, metadata: tuple[tuple[str, str], ...] = ()
+) -> None:
+    """Enrol ``names`` with BMCs on a loopback port where nothing listens
+    (their agents are what the tests are about)."""
+    for name in names:
+        await stub.EnrollNode(
+            fleet_pb2.EnrollNodeRequest(
+                name=name,
+                bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
+                username="u",
+                password="p",
+            ),
+            metadata=metadata or None,
+        )
 
 
 async def wait_all_ready(stub: Stub, within: float = 60.0) -> list[fleet_pb2.Node]:

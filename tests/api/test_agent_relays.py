@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from fleet_waits import enroll_unreachable
 from tls_certs import TestCa
 
 from controller.api.relay import frames
@@ -93,17 +94,7 @@ async def until(check: object, timeout: float = 10.0) -> None:
 async def enrol(
     channel: grpc.aio.Channel, *names: str, metadata: tuple[tuple[str, str], ...] = ()
 ) -> None:
-    stub = fleet_pb2_grpc.FleetServiceStub(channel)
-    for name in names:
-        await stub.EnrollNode(
-            fleet_pb2.EnrollNodeRequest(
-                name=name,
-                bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
-                username="u",
-                password="p",
-            ),
-            metadata=metadata or None,
-        )
+    await enroll_unreachable(fleet_pb2_grpc.FleetServiceStub(channel), *names, metadata=metadata)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from fleet_waits import enroll_unreachable
 
 from controller.core.errors import Unavailable
 from controller.core.model import AgentCommand
@@ -34,16 +35,7 @@ async def register(name: str) -> AsyncIterator[agent_pb2.AgentMessage]:
 
 async def connected(channel: grpc.aio.Channel, names: list[str]) -> list[Any]:
     """Enrol ``names`` and open a registered agent call for each."""
-    fleet = fleet_pb2_grpc.FleetServiceStub(channel)
-    for name in names:
-        await fleet.EnrollNode(
-            fleet_pb2.EnrollNodeRequest(
-                name=name,
-                bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
-                username="u",
-                password="p",
-            )
-        )
+    await enroll_unreachable(fleet_pb2_grpc.FleetServiceStub(channel), *names)
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     calls = [stub.Connect(register(name)) for name in names]
     for call in calls:

@@ -22,13 +22,14 @@ from typing import Any
 
 import grpc
 import pytest
+from fleet_waits import enroll_unreachable
 
 from agent.client import Agent
 from agent.nvml import open_backend
 from controller.core.fleet import Fleet
 from controller.core.report_pace import PaceRules
 from controller.server import ControllerConfig, ControllerServer
-from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
+from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2_grpc, types_pb2
 
 SAMPLE = 0.5  # --sample-interval
 RULES = PaceRules(
@@ -113,17 +114,6 @@ async def pacing_controller(state_dir: Path) -> tuple[ControllerServer, Fleet, s
     return server, server.fleet, address
 
 
-async def enroll(stub: fleet_pb2_grpc.FleetServiceStub, name: str) -> None:
-    await stub.EnrollNode(
-        fleet_pb2.EnrollNodeRequest(
-            name=name,
-            bmc_url=f"redfish+http://127.0.0.1:9/redfish/v1/Systems/{name}",
-            username="u",
-            password="p",
-        )
-    )
-
-
 def register_message(name: str) -> agent_pb2.AgentMessage:
     gpu = types_pb2.Gpu(index=0, uuid=f"GPU-{name}", model="NVIDIA H200", memory_mib=141000)
     return agent_pb2.AgentMessage(register=agent_pb2.Register(node_name=name, gpus=[gpu]))
@@ -147,8 +137,7 @@ async def test_a_lagging_controller_slows_its_agents_and_lets_them_speed_up_agai
     late = None
     try:
         stub = fleet_pb2_grpc.FleetServiceStub(channel)
-        await enroll(stub, "p00")
-        await enroll(stub, "p01")
+        await enroll_unreachable(stub, "p00", "p01")
         await until(agent.registered.is_set, 30, "the agent registers")
         assert agent.report_interval == SAMPLE  # told in Registered
         await until(lambda: fleet.pace.lag < RULES.ease_below, 10, "an idle loop keeps up")
@@ -204,7 +193,7 @@ async def test_reports_arriving_late_slow_the_agents_while_the_loop_keeps_time(
 
     call = None
     try:
-        await enroll(fleet_pb2_grpc.FleetServiceStub(channel), "d00")
+        await enroll_unreachable(fleet_pb2_grpc.FleetServiceStub(channel), "d00")
         call = agent_pb2_grpc.AgentServiceStub(channel).Connect(late_reports("d00"))
         first = await call.read()
         assert first.registered.sample_interval_s == SAMPLE
