@@ -166,12 +166,12 @@ class Fleet:
         # node whose power is blocked by a coolant leak, whoever asks.
         self.bmc: BmcGateway = PowerBlockGate(bmc, self.nodes)
         bmc = self.bmc
+        # How often the agents are asked to report now (``self.pace``, made
+        # below): a paced agent's reports are no gap to the policies or the
+        # job health tallies.
+        asked_interval = lambda: self.report_interval  # noqa: E731
         self.allocations = Allocations(
-            store,
-            self.nodes,
-            queues=queues,
-            meter=self.meter,
-            report_interval=lambda: self.pace.interval(),
+            store, self.nodes, queues=queues, meter=self.meter, report_interval=asked_interval
         )
         self.agents.watch(self.allocations.specs.touch)  # connected: schedulable
         self.checks = (
@@ -213,7 +213,7 @@ class Fleet:
             silent_after=agent_silent_after,
             bmc_sample_interval=bmc_thermal_interval,
             meter=self.meter,
-            report_interval=lambda: self.pace.interval(),
+            report_interval=asked_interval,
         )
         self.power_sync = PowerSync(
             store,

@@ -59,6 +59,7 @@ from controller.core.model import EventInfo
 from controller.core.ports import Tx
 from controller.core.records import AllocationRecord
 from controller.core.states import HOLDING, OPEN, AllocationState, NodeState
+from controller.policies.engine import GAP_INTERVALS  # ... or that many intervals asked for
 
 # NVML's clocks-event-reason bits that slow a GPU down (nvmlClocksEventReason*;
 # Idle 0x1 and ApplicationsClocksSetting 0x2 are choices, not throttling).
@@ -73,7 +74,6 @@ THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
 THROTTLE_MASK = sum(bit for _, bit in THROTTLE_REASONS)  # distinct bits: their sum is their OR
 
 MAX_GAP_S = 30.0  # the most one gap between two reports counts (six 5 s reports)
-GAP_INTERVALS = 2.0  # ... or this many intervals asked for (policies/engine.py says why two)
 XIDS_KEPT = 64  # XIDs listed per GPU before only new codes are added
 COUNT_MAX = 2**64 - 1  # the report's counts are uint64: growth across resets saturates
 HELD_STATES = frozenset({NodeState.ALLOCATED, NodeState.DRAINING})

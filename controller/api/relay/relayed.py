@@ -71,7 +71,11 @@ class RelayedContext:
         self._details = ""
         self._done: list[Callable[[Any], None]] = []
         self.report_sink: ReportSink | None = None
-        # Set by the link's side (``RelayedCalls``): see ``answer_now``.
+        # ``answer_now(raw)``, set by the link's side (``RelayedCalls``): send
+        # one answer of the call (its serialized bytes) at once, beside its
+        # handler's stream of answers, in no order with them; True when
+        # sent, False when it cannot be now (the worker's client reads
+        # slowly, or the call is over).
         self.answer_now: Callable[[bytes], bool] = lambda raw: False
 
     def take_reports(self, sink: ReportSink) -> None:
@@ -86,11 +90,6 @@ class RelayedContext:
         report task, a report wakes no stream.
         """
         self.report_sink = sink
-
-    # ``answer_now(raw)``: send one answer of the call (its serialized bytes)
-    # at once, beside its handler's stream of answers, in no order with
-    # them; True when sent, False when it cannot be now (the worker's client
-    # reads slowly, or the call is over).
 
     def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
         return self._metadata
