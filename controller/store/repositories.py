@@ -493,20 +493,32 @@ class SqlNodes:
         return self.get(name)
 
     def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
+        # Core, past the ORM: at a real fleet's pace every report is a row of
+        # the next flush (25,000 agents at 10 s, flushed every 5 s), and the
+        # ORM's bulk UPDATE and its Session cost more than the row's JSON.
+        # Two executemany UPDATEs by name: sightings keep the stored report.
         names = [s.node for s in samples]
-        known = set(self._session.exec(select(NodeRow.name).where(col(NodeRow.name).in_(names))))
-        rows: list[dict[str, object]] = []
+        known = set(self._execute(_NODE_NAMES_IN, {"b_names": names}).scalars())
+        reports: list[dict[str, object]] = []
+        sightings: list[dict[str, object]] = []
         for s in samples:
-            if s.node in known:
-                row: dict[str, object] = {"name": s.node, "agent_last_seen": s.seen_at}
-                if s.health is not None:
-                    row["health_json"] = health_to_json(s.health)
-                rows.append(row)
-                self._stored.touch(s.node, agent_last_seen=s.seen_at)
-        if rows:
-            # An ORM bulk UPDATE by primary key: one executemany, no row loaded.
-            self._session.execute(update(NodeRow), rows)
-        return len(rows)
+            if s.node not in known:
+                continue
+            if s.health is None:
+                sightings.append({"b_name": s.node, "agent_last_seen": s.seen_at})
+            else:
+                reports.append(
+                    {
+                        "b_name": s.node,
+                        "agent_last_seen": s.seen_at,
+                        "health_json": health_to_json(s.health),
+                    }
+                )
+            self._stored.touch(s.node, agent_last_seen=s.seen_at)
+        for rows in (reports, sightings):
+            if rows:
+                self._execute(_NODE_UPDATE, rows)
+        return len(reports) + len(sightings)
 
     def leak_looks(self) -> dict[str, LeakLook]:
         return {
