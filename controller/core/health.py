@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import marshal
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 from kiln_common.values import value_class
@@ -58,16 +59,6 @@ class HealthReport:
     drift: tuple[str, ...] = ()
 
 
-@value_class
-class HealthSample:
-    """A node's latest report and when its agent was last heard from, as the
-    write-behind persists it (``controller/core/live.py``)."""
-
-    node: str
-    health: HealthReport | None  # None: a sighting only; the stored report stays
-    seen_at: float
-
-
 # -- held out of the garbage collector's sight --------------------------------
 #
 # The controller keeps every node's latest report until the next one (a
@@ -85,11 +76,11 @@ class HealthSample:
 
 PackedReport = bytes
 
-_GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuHealth))
-_REPORT_FIELDS = tuple(f.name for f in dataclasses.fields(HealthReport))
-_GPUS_AT = _REPORT_FIELDS.index("gpus")
-_gpu_values = operator.attrgetter(*_GPU_FIELDS)
-_report_values = operator.attrgetter(*_REPORT_FIELDS)
+GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuHealth))
+REPORT_FIELDS = tuple(f.name for f in dataclasses.fields(HealthReport))
+_GPUS_AT = REPORT_FIELDS.index("gpus")
+_gpu_values = operator.attrgetter(*GPU_FIELDS)
+_report_values = operator.attrgetter(*REPORT_FIELDS)
 
 
 def pack_report(report: HealthReport) -> PackedReport:
@@ -104,3 +95,58 @@ def unpack_report(packed: PackedReport) -> HealthReport:
     values: list[Any] = list(marshal.loads(packed))
     values[_GPUS_AT] = tuple(GpuHealth(*gpu) for gpu in values[_GPUS_AT])
     return HealthReport(*values)
+
+
+def packed_values(packed: PackedReport) -> tuple[Any, ...]:
+    """The plain values ``pack_report`` packed: the report's fields in the
+    order of ``REPORT_FIELDS``, its GPUs as tuples in that of ``GPU_FIELDS``
+    (what the store writes, without making the typed report again)."""
+    values: tuple[Any, ...] = marshal.loads(packed)
+    return values
+
+
+_GPU_TUPLES = tuple(
+    i for i, f in enumerate(dataclasses.fields(GpuHealth)) if str(f.type).startswith("tuple")
+)
+_REPORT_TUPLES = tuple(
+    i
+    for i, f in enumerate(dataclasses.fields(HealthReport))
+    if str(f.type).startswith("tuple") and f.name != "gpus"
+)
+
+
+def report_from_values(values: Sequence[Any]) -> HealthReport:
+    """The typed report of plain values in ``packed_values``' order, lists
+    where it has tuples (as a JSON document gives them back)."""
+    report = list(values)
+    gpus = []
+    for gpu in report[_GPUS_AT]:
+        fields = list(gpu)
+        for i in _GPU_TUPLES:
+            fields[i] = tuple(fields[i])
+        gpus.append(GpuHealth(*fields))
+    report[_GPUS_AT] = tuple(gpus)
+    for i in _REPORT_TUPLES:
+        report[i] = tuple(report[i])
+    return HealthReport(*report)
+
+
+@value_class
+class HealthSample:
+    """A node's latest report and when its agent was last heard from, as the
+    write-behind persists it (``controller/core/live.py``): the report as it
+    is held, packed (None: a sighting only; the stored report stays)."""
+
+    node: str
+    packed: PackedReport | None
+    seen_at: float
+
+    @classmethod
+    def of(cls, node: str, health: HealthReport | None, seen_at: float) -> HealthSample:
+        """A sample of a typed report (None: a sighting)."""
+        return cls(node, None if health is None else pack_report(health), seen_at)
+
+    @property
+    def health(self) -> HealthReport | None:
+        """The report, typed (a new copy each time)."""
+        return None if self.packed is None else unpack_report(self.packed)

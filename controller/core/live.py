@@ -185,8 +185,7 @@ class LiveHealth:
         seen_at = self._seen.get(node)
         if seen_at is None:
             return None
-        packed = self._reports.get(node)
-        return HealthSample(node, unpack_report(packed) if packed is not None else None, seen_at)
+        return HealthSample(node, self._reports.get(node), seen_at)
 
     @property
     def pending(self) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import sqlite3
 import time
@@ -23,6 +22,7 @@ from crash_harness import CrashHarness
 from crash_store import read_store
 
 from controller.sim.fleet import default_fleet
+from controller.store.repositories import health_from_json
 
 FLUSH_S = 5.0  # kiln-controller's default --health-flush-interval
 SAMPLE_S = 1.0  # the harness's --sample-interval
@@ -45,7 +45,7 @@ def stored_samples(db_path: Path) -> dict[str, tuple[float, float]]:
     with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as conn:
         rows = conn.execute("SELECT name, agent_last_seen, health_json FROM nodes").fetchall()
     return {
-        name: (seen, json.loads(health)["sampled_at"] if health else 0.0)
+        name: (seen, report.sampled_at if (report := health_from_json(health)) else 0.0)
         for name, seen, health in rows
     }
 

@@ -31,14 +31,14 @@ async def test_a_batch_writes_reports_and_sightings_of_known_nodes(engine: Engin
                 )
 
         await store.tx(enrol)
-        first = [HealthSample(n, report(float(i)), 100.0 + i) for i, n in enumerate(names)]
+        first = [HealthSample.of(n, report(float(i)), 100.0 + i) for i, n in enumerate(names)]
         assert await store.tx(lambda tx: tx.nodes.save_health_batch(first)) == 350
 
         later = [
-            HealthSample("hb-000", None, 900.0),  # a sighting: the report stays
-            HealthSample("hb-001", report(55.5), 901.0),
-            HealthSample("hb-gone", report(60.0), 902.0),  # not stored: skipped
-            HealthSample("hb-gone-too", None, 903.0),
+            HealthSample.of("hb-000", None, 900.0),  # a sighting: the report stays
+            HealthSample.of("hb-001", report(55.5), 901.0),
+            HealthSample.of("hb-gone", report(60.0), 902.0),  # not stored: skipped
+            HealthSample.of("hb-gone-too", None, 903.0),
         ]
         assert await store.tx(lambda tx: tx.nodes.save_health_batch(later)) == 2
 

@@ -90,8 +90,7 @@ async def test_events_commit_with_the_change_and_read_back_in_order(engine: Engi
     db.close()
 
 
-def test_health_json_is_the_whole_report_and_reads_back_the_same() -> None:
-    import dataclasses
+def test_health_json_is_the_whole_report_by_name_and_reads_back_the_same() -> None:
     import json
 
     from controller.core.health import GpuHealth, HealthReport
@@ -111,8 +110,43 @@ def test_health_json_is_the_whole_report_and_reads_back_the_same() -> None:
     report = HealthReport(
         sampled_at=12.5, source="bmc", gpus=(gpu,), bmc_temps_c=(41.0,), drift=("clocks",)
     )
-    assert json.loads(health_to_json(report)) == json.loads(json.dumps(dataclasses.asdict(report)))
+    stored = json.loads(health_to_json(report))
+    named = dict(zip(stored["report_fields"], stored["values"], strict=True))
+    assert named["sampled_at"] == 12.5 and named["drift"] == ["clocks"]
+    first = dict(zip(stored["gpu_fields"], named["gpus"][0], strict=True))
+    assert first["temp_c"] == 71.5 and first["xids"] == [79, 48] and first["recovery_action"] == 2
     assert health_from_json(health_to_json(report)) == report
+
+
+def test_a_report_stored_in_an_older_shape_still_reads_back() -> None:
+    """Reports written as objects (Kiln before the positional document,
+    NaN as json.dumps wrote it) and positional ones whose fields were since
+    added or dropped read back by name; unknown fields are ignored."""
+    import json
+    import math
+
+    from controller.core.health import GpuHealth, HealthReport
+    from controller.store.repositories import health_from_json
+
+    as_objects = (
+        '{"sampled_at": 3.0, "source": "agent", "gpus": [{"index": 0, "uuid": "GPU-0", '
+        '"temp_c": NaN, "xids": [79], "retired": 1}], "bmc_temps_c": [], "drift": []}'
+    )
+    read = health_from_json(as_objects)
+    assert read is not None and read.sampled_at == 3.0
+    assert read.gpus[0].uuid == "GPU-0" and read.gpus[0].xids == (79,)
+    assert read.gpus[0].temp_c is not None and math.isnan(read.gpus[0].temp_c)
+
+    older = json.dumps(
+        {
+            "report_fields": ["sampled_at", "gpus", "retired_field"],
+            "gpu_fields": ["index", "temp_c", "old_counter"],
+            "values": [9.5, [[1, 66.0, 7]], "x"],
+        }
+    )
+    assert health_from_json(older) == HealthReport(
+        sampled_at=9.5, gpus=(GpuHealth(index=1, temp_c=66.0),)
+    )
 
 
 async def test_a_members_kind_and_a_trays_rack_hold_read_back(engine: Engine) -> None:

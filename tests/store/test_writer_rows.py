@@ -116,7 +116,7 @@ async def test_a_failed_write_leaves_nothing_behind_for_the_next(store: SqlStore
 async def test_columns_written_past_a_record_and_removals_are_seen(store: SqlStore) -> None:
     await store.tx(lambda tx: tx.nodes.add(node("wr-3"), "pw"))
     await store.tx(lambda tx: tx.nodes.add(node("wr-4"), "pw"))
-    await store.tx(lambda tx: tx.nodes.save_health_batch([HealthSample("wr-3", None, 1234.5)]))
+    await store.tx(lambda tx: tx.nodes.save_health_batch([HealthSample.of("wr-3", None, 1234.5)]))
     found = await store.tx(lambda tx: tx.nodes.get("wr-3", with_health=False))
     assert found is not None and found.agent_last_seen == 1234.5
 
