@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import marshal
+import os
 import signal
 import socket
 import struct
@@ -87,6 +88,23 @@ async def start_child(
         theirs.close()
     reader, writer = await asyncio.open_unix_connection(sock=ours)
     return process, reader, writer
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU (user and system seconds) process ``pid`` has used so far,
+    from ``/proc``; None where it cannot be read (gone, or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # After the command's closing parenthesis: the fields from the state
+    # (the third) on; utime and stime are the 14th and 15th, in clock ticks.
+    fields = text[text.rfind(b")") + 2 :].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError):
+        return None
 
 
 async def end_child(process: asyncio.subprocess.Process | None, grace: float = END_GRACE_S) -> None:

@@ -540,6 +540,7 @@ class ControllerServer:
                 keepalive=cfg.agent_keepalive,
             )
             await self.relays.start()
+            self.fleet.count_helpers(self.relays.cpu_seconds)
         for name in ("", *SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
 

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from controller.checks import Suite
@@ -746,6 +746,13 @@ class Fleet:
             log.info("health reports: back within budget; agents report every %gs", interval)
         self._budget_told = interval
         return self.pace.interval()
+
+    def count_helpers(self, cpu: Callable[[], Mapping[int, float]]) -> None:
+        """Judge the report pace by the busiest of the controller's
+        processes, the ones that take the agents' reports in before it
+        among them (the relay workers; ``cpu``: their CPU seconds so far, by
+        process id)."""
+        self._lag_probe.helpers = cpu
 
     def _paced(self, interval: float) -> None:
         """The measured lag calls for a new report interval: tell every agent."""

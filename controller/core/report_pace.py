@@ -29,7 +29,12 @@ When the median lag over a window (the loop's, or the reports' when a
 window holds enough of them) is above ``slow_above``, every connected
 agent is asked to report less often (the interval times ``stretch``, up to
 ``longest``). When it is below ``ease_below`` the interval comes back by
-``ease`` a step, never below what the budget allows. After a change the
+``ease`` a step, never below what the budget allows; by more, up to
+``ease_fastest``, while the process used less than half ``busy_cores``: as
+far as its CPU, which grows with the report rate, would stay under half of
+``busy_cores`` (measured at the real pace: a fleet slowed to 45 s by its
+bring-up came back 1.25x a step, each held two intervals, with the
+controller at 0.2-0.5 of a core: eight minutes to 10 s). After a change the
 pace holds for two intervals: an agent takes up a new interval after its
 current wait, so the lag answers a change only an interval later, and one
 overload must not be answered twice.
@@ -56,7 +61,7 @@ import logging
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -79,6 +84,7 @@ class PaceRules:
     ease_below: float = 0.02  # s of median lag: let them speed up again
     stretch: float = 1.5
     ease: float = 1.25
+    ease_fastest: float = 2.0  # the most one easing step takes off, the process far from busy
     longest: float = DEFAULT_LONGEST_INTERVAL
     margin: float = 1.1  # easing stops this far above an interval that overloaded
     recheck: float = 30.0  # s before an interval that overloaded is tried again
@@ -103,6 +109,8 @@ class PaceRules:
             raise ValueError("ease_below must be below slow_above")
         if self.stretch <= 1 or self.ease <= 1:
             raise ValueError("stretch and ease must be above 1")
+        if self.ease_fastest < self.ease:
+            raise ValueError("ease_fastest must be at least ease")
         if self.longest < 0:
             raise ValueError("longest must be 0 (off) or more")
         if self.busy_cores < 0:
@@ -180,7 +188,7 @@ class ReportPace:
             self._overloaded(before, now)
             self.stretched = after
         elif calm and self.stretched:
-            after, retry = before / rules.ease, False
+            after, retry = before / self._ease_step(), False
             if self.ceiling and after < self.ceiling * rules.margin:
                 if now < self._retry_at:
                     after = self.ceiling * rules.margin  # not the overload again, yet
@@ -202,6 +210,17 @@ class ReportPace:
             return None
         self._hold_until = now + max(rules.window, 2 * max(before, after))
         return after
+
+    def _ease_step(self) -> float:
+        """How much one easing step takes off: ``ease``, or up to
+        ``ease_fastest`` while the process's CPU leaves room (its CPU taken
+        to grow with the report rate, kept under half ``busy_cores``)."""
+        rules = self.rules
+        half = rules.busy_cores / 2
+        if self.busy >= half:
+            return rules.ease
+        room = half / self.busy if self.busy > 0 else rules.ease_fastest
+        return max(rules.ease, min(rules.ease_fastest, room))
 
     def _retried(self, interval: float, now: float) -> None:
         """A retry eased the agents to ``interval`` (one step below the
@@ -276,14 +295,35 @@ class ReportDelays:
 class LoopLagProbe:
     """Probes the running loop's lag and hands each window, with the
     reports' delays, to ``pace``; ``on_change(interval)`` when the pace asks
-    for a new interval."""
+    for a new interval.
+
+    ``helpers``: the CPU seconds so far of each process that takes the
+    agents' reports in before this one (the relay workers), by process id.
+    The CPU a window judges is the busiest process's: a relay worker that
+    cannot keep up holds the reports before the controller, whose own
+    process then looks idle (measured at the real pace: reports 10-78 s
+    late with the controller's process at 0.4-0.5 cores and its relay
+    worker's taking most of what the machine had left, and the pace eased
+    on into it)."""
 
     def __init__(
-        self, pace: ReportPace, delays: ReportDelays, on_change: Callable[[float], None]
+        self,
+        pace: ReportPace,
+        delays: ReportDelays,
+        on_change: Callable[[float], None],
+        helpers: Callable[[], Mapping[int, float]] = dict,
     ) -> None:
         self.pace = pace
         self._delays = delays
         self._on_change = on_change
+        self.helpers = helpers
+
+    def _helpers_cpu(self) -> Mapping[int, float]:
+        try:
+            return self.helpers()
+        except Exception:
+            log.exception("report pace: reading the relay workers' CPU failed")
+            return {}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -291,6 +331,7 @@ class LoopLagProbe:
         lags: list[float] = []
         judge_at = loop.time() + rules.window
         cpu_at, wall_at = time.process_time(), loop.time()
+        helpers_at = self._helpers_cpu()
         tick = rules.tick
         while True:
             before = loop.time()
@@ -299,9 +340,13 @@ class LoopLagProbe:
             lags.append(max(0.0, now - before - tick))
             if now < judge_at:
                 continue
-            cpu = time.process_time()
-            busy = (cpu - cpu_at) / max(1e-9, now - wall_at)
-            cpu_at, wall_at = cpu, now
+            cpu, helpers = time.process_time(), self._helpers_cpu()
+            wall = max(1e-9, now - wall_at)
+            busy = (cpu - cpu_at) / wall
+            for pid, spent in helpers.items():
+                if pid in helpers_at:
+                    busy = max(busy, (spent - helpers_at[pid]) / wall)
+            cpu_at, wall_at, helpers_at = cpu, now, helpers
             interval = self.pace.judge(lags, now, self._delays.take(), busy)
             lags = []
             judge_at = now + rules.window

@@ -317,6 +317,22 @@ async def test_relayed_calls_are_authenticated_and_refusals_audited(tmp_path: Pa
 
 
 @pytest.mark.timeout(120)
+async def test_the_report_pace_counts_the_relay_workers_cpu(tmp_path: Path) -> None:
+    """A relay worker that cannot keep up holds the reports before the
+    controller: the pace judges the busiest process, the workers among them."""
+    async with relayed(tmp_path) as r:
+        server = r.server
+        assert server.fleet is not None and server.relays is not None
+        (worker,) = server.relays._processes.values()
+        spent = server.relays.cpu_seconds()
+        assert set(spent) == {worker.pid} and spent[worker.pid] > 0  # its start-up, at least
+        assert set(server.fleet._lag_probe.helpers()) == {worker.pid}
+        os.kill(worker.pid, signal.SIGKILL)
+        await worker.wait()
+        assert worker.pid not in server.relays.cpu_seconds()  # a worker gone counts no more
+
+
+@pytest.mark.timeout(120)
 async def test_a_killed_worker_lets_its_agents_go_and_is_started_again(tmp_path: Path) -> None:
     async with relayed(tmp_path) as r:
         server, api, agents, relay = r.server, r.api, r.agents, r.relay

@@ -72,6 +72,33 @@ def test_a_calm_loop_eases_back_to_the_budget_and_no_further() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_easing_takes_bigger_steps_while_the_process_is_far_from_busy() -> None:
+    rules = PaceRules(
+        window=3.0, slow_above=0.1, ease_below=0.02, longest=60, busy_cores=0.8, recheck=0
+    )
+    p, _ = pace(budget=5.0, rules=rules)
+    now = 0.0
+    for _ in range(4):  # slowed to 5 x 1.5^4 = 25.3 s
+        now += 1000.0
+        p.judge(BUSY, now)
+    assert p.interval() == pytest.approx(25.3125)
+    # At 0.1 cores, 0.4 (half busy_cores) leaves room for 4x: the step is
+    # ease_fastest (2x).
+    now += 1000.0
+    assert p.judge(CALM, now, busy=0.1) == pytest.approx(25.3125 / 2)
+    # At 0.3 cores, room for 0.4 / 0.3 = 1.33x.
+    now += 1000.0
+    assert p.judge(CALM, now, busy=0.3) == pytest.approx(25.3125 / 2 / (0.4 / 0.3))
+    # From half busy_cores up, ``ease`` as before; the budget is still the floor.
+    now += 1000.0
+    before = p.interval()
+    assert p.judge(CALM, now, busy=0.5) == pytest.approx(before / 1.25)
+    now += 1000.0
+    assert p.judge(CALM, now, busy=0.0) == 5.0
+    assert not p.stretched
+
+
+@pytest.mark.timeout(10)
 def test_the_budget_holds_the_floor_as_it_moves() -> None:
     p, allowed = pace(budget=5.0)
     p.judge(BUSY, now=0.0)  # 7.5 s
@@ -103,6 +130,7 @@ def test_longest_zero_turns_the_pace_off_but_the_lag_is_still_measured() -> None
         {"margin": 0.9},
         {"recheck": -1},
         {"busy_cores": -0.1},
+        {"ease": 1.5, "ease_fastest": 1.4},
         {"recheck": 700, "recheck_longest": 600},
         {"resting_tick": 0.05},
         {"resting_tick": 5.0},
@@ -303,3 +331,56 @@ def test_an_idle_loop_is_probed_at_the_resting_tick_and_a_busy_process_at_the_ti
             probe.cancel()
 
     asyncio.run(run())
+
+
+class BusyPace(ReportPace):
+    """A real pace that keeps the CPU each window it judged was given."""
+
+    def __init__(self, rules: PaceRules) -> None:
+        super().__init__(rules, budget=lambda: 5.0)
+        self.seen: list[float] = []
+        self.eight = asyncio.Event()  # set once eight windows were judged
+
+    def judge(
+        self, lags: Sequence[float], now: float, delays: Sequence[float] = (), busy: float = 1.0
+    ) -> float | None:
+        self.seen.append(busy)
+        if len(self.seen) >= 8:
+            self.eight.set()
+        return super().judge(lags, now, delays, busy)
+
+
+@pytest.mark.timeout(20)
+def test_the_busiest_process_is_what_the_pace_judges_the_relay_workers_among_them() -> None:
+    rules = PaceRules(tick=0.02, window=0.2, resting_tick=0.02)
+    pace = BusyPace(rules)
+    calls = itertools.count()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        def helpers() -> dict[int, float]:
+            n = next(calls)
+            if n == 3:
+                raise OSError("not readable this time")  # logged; the own process counts
+            # One worker using 0.9 of a core; a second appears later on
+            # (not counted before a window of its own).
+            spent = {101: (loop.time() - started) * 0.9}
+            if n >= 5:
+                spent[202] = 1000.0 + (loop.time() - started) * 0.1
+            return spent
+
+        probe = LoopLagProbe(pace, ReportDelays(), lambda _s: None, helpers)
+        task = asyncio.create_task(probe.run())
+        try:
+            await pace.eight.wait()
+        finally:
+            task.cancel()
+
+    asyncio.run(run())
+    # The loop itself is idle; the worker's 0.9 of a core is what is judged,
+    # but for the window after the failed read (no figures to compare with).
+    judged = [b for i, b in enumerate(pace.seen) if i not in (2, 3)]
+    assert all(0.7 < b < 1.1 for b in judged), pace.seen
+    assert pace.seen[2] < 0.5 or pace.seen[3] < 0.5, pace.seen

@@ -21,7 +21,7 @@ from controller.api.relay import frames
 from controller.api.relay.frames import FrameWriter
 from controller.api.relay.relayed import HandlerFor, RelayedCalls
 from controller.core.errors import InvalidArgument
-from controller.link import RestartPause, cancel_all, end_child, start_child
+from controller.link import RestartPause, cancel_all, cpu_seconds, end_child, start_child
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,14 @@ class AgentRelays:
             self.listen,
             self.count,
         )
+
+    def cpu_seconds(self) -> dict[int, float]:
+        """Each running worker's CPU so far (seconds), by process id."""
+        spent = {}
+        for process in self._processes.values():
+            if process.returncode is None and (cpu := cpu_seconds(process.pid)) is not None:
+                spent[process.pid] = cpu
+        return spent
 
     def signal_all(self, signum: int) -> None:
         for process in self._processes.values():
