@@ -961,7 +961,9 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             )
 
             address = f"127.0.0.1:{agent_port}"  # the relay workers' port, with --agent-relays
-            connected = await generators.ask(600, "connect", address, args.channels)
+            # At the real pace on a slow hour 25,000 streams took over 600 s to register.
+            connect_s = args.connect_timeout or max(600.0, agents / 25)
+            connected = await generators.ask(connect_s, "connect", address, args.channels)
             p_ok, p_failed, _ = await probe_streams.connect(address, 1)
             ok = sum(c[0] for c in connected) + p_ok
             failed = sum(c[1] for c in connected) + p_failed
@@ -1217,7 +1219,7 @@ async def run_size(n: int, args: argparse.Namespace, log_dir: Path | None) -> Re
             floor = Child(floor_main, floor_port, interval)
             floor.recv(30)
             connected = await generators.ask(
-                600, "connect", f"127.0.0.1:{floor_port}", args.channels
+                connect_s, "connect", f"127.0.0.1:{floor_port}", args.channels
             )
             await probe_streams.connect(f"127.0.0.1:{floor_port}", 1)
             await asyncio.sleep(interval + 1.0)
@@ -1433,6 +1435,12 @@ def main() -> int:
     )
     parser.add_argument("--page-size", type=int, default=500)
     parser.add_argument("--enrol-in-flight", type=int, default=64)
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=0.0,
+        help="longest wait for every agent stream to register (0: max(600 s, agents/25 s))",
+    )
     parser.add_argument(
         "--ready-timeout",
         type=float,
