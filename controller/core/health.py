@@ -105,9 +105,11 @@ def packed_values(packed: PackedReport) -> tuple[Any, ...]:
     return values
 
 
-_GPU_TUPLES = tuple(
-    i for i, f in enumerate(dataclasses.fields(GpuHealth)) if str(f.type).startswith("tuple")
+# A GPU's fields that hold tuples (a JSON document gives them back as lists).
+GPU_TUPLE_FIELDS = frozenset(
+    f.name for f in dataclasses.fields(GpuHealth) if str(f.type).startswith("tuple")
 )
+_GPU_TUPLES = tuple(i for i, name in enumerate(GPU_FIELDS) if name in GPU_TUPLE_FIELDS)
 _REPORT_TUPLES = tuple(
     i
     for i, f in enumerate(dataclasses.fields(HealthReport))

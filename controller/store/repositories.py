@@ -25,6 +25,7 @@ from sqlmodel import col, select, update
 from controller.core.allocation_view import frozen_copy
 from controller.core.health import (
     GPU_FIELDS,
+    GPU_TUPLE_FIELDS,
     REPORT_FIELDS,
     GpuHealth,
     HealthReport,
@@ -55,7 +56,6 @@ from controller.store.writer_rows import TableRows
 # -- JSON columns --------------------------------------------------------------
 
 _GPU_HEALTH_FIELDS = {f.name: f for f in dataclasses.fields(GpuHealth)}
-_GPU_HEALTH_LISTS = {n for n, f in _GPU_HEALTH_FIELDS.items() if str(f.type).startswith("tuple")}
 
 
 # The stored report: the values ``pack_report`` holds, by position, under
@@ -104,7 +104,7 @@ def health_from_json(text: str) -> HealthReport | None:
     gpus = []
     for g in data.get("gpus") or []:
         values = {k: v for k, v in g.items() if k in _GPU_HEALTH_FIELDS}
-        for name in _GPU_HEALTH_LISTS & values.keys():
+        for name in GPU_TUPLE_FIELDS & values.keys():
             values[name] = tuple(values[name] or ())
         gpus.append(GpuHealth(**values))
     return HealthReport(
