@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from controller.core.audit import AuditEntry
 from controller.core.checks import CheckRunInfo
 from controller.core.errors import InvalidArgument
-from controller.core.health import GpuHealth, HealthReport
+from controller.core.health import REPORT_FIELDS, GpuHealth, HealthReport
 from controller.core.identity import TokenInfo
 from controller.core.job_health import AllocationReport
 from controller.core.model import (
@@ -194,12 +194,16 @@ _GPU_HEALTH_ORDER = (
     "errors",
 )
 if _GPU_HEALTH_NAMES != _GPU_HEALTH_ORDER:
-    raise RuntimeError("GpuHealth's fields changed: update convert.gpu_health_from_pb")
+    raise RuntimeError("GpuHealth's fields changed: update convert.gpu_health_values")
+# ``health_values`` writes HealthReport's fields by position too.
+if REPORT_FIELDS != ("sampled_at", "source", "gpus", "bmc_temps_c", "drift"):
+    raise RuntimeError("HealthReport's fields changed: update convert.health_values")
 
 
-def gpu_health_from_pb(msg: types_pb2.GpuHealth) -> GpuHealth:
-    """One GPU's readings: an absent optional reading or a value that is not a
-    finite number is None (unknown), which no rule acts on.
+def gpu_health_values(msg: types_pb2.GpuHealth) -> tuple[Any, ...]:
+    """One GPU's readings as ``GpuHealth``'s field values, in its order: an
+    absent optional reading or a value that is not a finite number is None
+    (unknown), which no rule acts on.
 
     Field by field, in ``_GPU_HEALTH_ORDER``: a report carries ~30 fields per
     GPU and thousands of reports come each second (a loop over the fields
@@ -207,7 +211,7 @@ def gpu_health_from_pb(msg: types_pb2.GpuHealth) -> GpuHealth:
     checks every field of ``GpuHealth`` is read.
     """
     has = msg.HasField
-    return GpuHealth(
+    return (
         msg.index,
         msg.uuid,
         msg.lost,
@@ -240,15 +244,35 @@ def gpu_health_from_pb(msg: types_pb2.GpuHealth) -> GpuHealth:
     )
 
 
+def gpu_health_from_pb(msg: types_pb2.GpuHealth) -> GpuHealth:
+    """One GPU's readings, typed (``gpu_health_values``)."""
+    return GpuHealth(*gpu_health_values(msg))
+
+
+def health_values(msg: types_pb2.NodeHealth) -> tuple[Any, ...]:
+    """An agent's health report as ``HealthReport``'s field values in its
+    order, each GPU as ``gpu_health_values``: what ``core/health.py`` packs
+    (``pack_values``), made without the typed report in between (a relay
+    worker packs every report it forwards: ``relay/digest.py``)."""
+    return (
+        msg.sampled_at,
+        msg.source or "agent",
+        tuple(map(gpu_health_values, msg.gpus)),
+        tuple(t for t in msg.bmc_temps_c if math.isfinite(t)),
+        tuple(msg.drift),
+    )
+
+
 def health_from_pb(msg: types_pb2.NodeHealth) -> HealthReport:
     """An agent's health report as the core's typed value (the only place the
     wire form of a report is read)."""
+    values = health_values(msg)
     return HealthReport(
-        sampled_at=msg.sampled_at,
-        source=msg.source or "agent",
-        gpus=tuple(gpu_health_from_pb(g) for g in msg.gpus),
-        bmc_temps_c=tuple(t for t in msg.bmc_temps_c if math.isfinite(t)),
-        drift=tuple(msg.drift),
+        values[0],
+        values[1],
+        tuple(GpuHealth(*gpu) for gpu in values[2]),
+        values[3],
+        values[4],
     )
 
 

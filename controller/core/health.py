@@ -90,6 +90,13 @@ def pack_report(report: HealthReport) -> PackedReport:
     return marshal.dumps(tuple(values))
 
 
+def pack_values(values: tuple[Any, ...]) -> PackedReport:
+    """A report's plain values, in ``packed_values``' order (each GPU a tuple),
+    as ``pack_report`` packs the typed report: for a caller that has the
+    values without the typed report (the API edge, ``convert.health_values``)."""
+    return marshal.dumps(values)
+
+
 def unpack_report(packed: PackedReport) -> HealthReport:
     """The typed report ``pack_report`` packed (equal to it, not the same object)."""
     values: list[Any] = list(marshal.loads(packed))

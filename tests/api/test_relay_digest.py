@@ -23,7 +23,7 @@ from controller.api.relay import relayed as relayed_calls
 from controller.api.relay.digest import CONNECT, ReportDigest
 from controller.api.relay.frames import MESSAGES, OPEN, REPORTS, FrameWriter
 from controller.api.relay.worker import Relay
-from controller.core.health import unpack_report
+from controller.core.health import pack_report, packed_values, unpack_report
 from kiln.v1 import agent_pb2, types_pb2
 
 
@@ -79,6 +79,20 @@ def test_a_report_is_packed_as_the_controller_would_have_made_it() -> None:
     assert report.gpus[1].temp_c is None  # NaN: unknown, as health_from_pb makes it
     assert report.bmc_temps_c == (31.0, 29.5)
     assert report.gpus[0].xids == (79, 48)
+
+
+def test_the_packed_values_are_those_of_the_typed_report_packed() -> None:
+    # The worker packs the message's values without the typed report; what it
+    # packs reads back as the typed report packed, field for field: a report
+    # with two GPUs, one with readings absent, and one with nothing in it
+    # (no GPUs, no source: "agent").
+    empty = agent_pb2.AgentMessage(health=types_pb2.NodeHealth(sampled_at=5.0))
+    for message in (health_message(), health_message(temp_c=math.nan), empty):
+        packed = ReportDigest().packed(message.SerializeToString())
+        assert packed is not None
+        typed = convert.health_from_pb(message.health)
+        assert packed_values(packed) == packed_values(pack_report(typed))
+    assert unpack_report(packed).source == "agent" and unpack_report(packed).gpus == ()
 
 
 def test_what_is_not_a_report_in_bounds_goes_as_it_came() -> None:

@@ -9,7 +9,10 @@ hold it. A relay worker, a process of its own, does those steps for each
 ``AgentService.Connect`` message that is a health report and forwards the
 packed report (``frames.REPORTS``); the controller unpacks it (one step,
 about a tenth of the four) and hands it on as it would the report it had
-made itself (``agent_service.py``).
+made itself (``agent_service.py``). The worker packs the message's values
+as it reads them (``convert.health_values``, ``pack_values``): the same
+bytes' worth as packing the typed report, without making it (69 against
+89 us a report, ``bench/report_digest.py``).
 
 The stream's handler gets the packed report itself, as ``bytes`` in place
 of the ``AgentMessage`` (a parsed message is never ``bytes``). Bytes are
@@ -27,10 +30,10 @@ as it answers a direct call: the worker still decides nothing.
 
 from __future__ import annotations
 
-from controller.api.convert import health_from_pb
+from controller.api.convert import health_values
 from controller.api.limits import Checker
 from controller.core.errors import KilnError
-from controller.core.health import PackedReport, pack_report
+from controller.core.health import PackedReport, pack_values
 from kiln.v1 import agent_pb2
 
 _AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"]
@@ -55,4 +58,5 @@ class ReportDigest:
             self._checker.check(message)
         except KilnError:  # over a limit: the controller refuses it, naming the field
             return None
-        return pack_report(health_from_pb(message.health))
+        # The values packed straight from the message (no typed report between).
+        return pack_values(health_values(message.health))
