@@ -121,7 +121,12 @@ class PolicyEngine:
             for rule in rules.rules
         )
         self._reads = tuple(reads)
-        self._state: dict[tuple[str, str], _RuleNodeState] = {}
+        # Per node, per rule: the streaks and episode of each rule that holds
+        # or is on for the node. A rule's entry goes once nothing holds and
+        # no episode is on, and a node's once it has none: a node with no
+        # entry (most of a healthy fleet) has its samples tested rule by
+        # rule and nothing more (``observe``).
+        self._state: dict[str, dict[str, _RuleNodeState]] = {}
         self._last_at: dict[str, float] = {}
         self._gaps = 0  # nodes' gaps since the last line about them (``_note_gap``)
         self._gap_logged_at = float("-inf")
@@ -151,10 +156,22 @@ class PolicyEngine:
             gap = True
             self._note_gap(sample.node, sample.at - last, sample.at)
         self._last_at[sample.node] = sample.at
-        actions: list[Action] = []
         read = [metric_values(metric, sample, fallback) for metric, fallback in self._reads]
+        states = self._state.get(sample.node)
+        if states is None:
+            # The common case: no rule holds or is on for the node; unless
+            # one holds now, nothing goes on and nothing fires.
+            for rule, i in self._plan:
+                if rule.when.holds_for_any(read[i]):
+                    break
+            else:
+                return []
+            states = self._state[sample.node] = {}
+        actions: list[Action] = []
         for rule, i in self._plan:
-            actions.extend(self._evaluate(rule, sample, gap, read[i]))
+            actions.extend(self._evaluate(rule, sample, gap, read[i], states))
+        if not states:
+            del self._state[sample.node]
         return actions
 
     def _note_gap(self, node: str, seconds: float, at: float) -> None:
@@ -179,7 +196,7 @@ class PolicyEngine:
         actions: list[Action] = []
         while self._queue and self._queue[0][0] <= now:
             _, _, follow = heapq.heappop(self._queue)
-            state = self._state.get((follow.rule.name, follow.node))
+            state = self._state_of(follow.rule.name, follow.node)
             if state is not None and follow in state.pending:
                 state.pending.remove(follow)
             if follow.cancelled:
@@ -211,35 +228,39 @@ class PolicyEngine:
     def forget(self, node: str) -> None:
         """Drop everything known about ``node`` (removed, or back from repair)."""
         self._last_at.pop(node, None)
-        for rule in self._rules.rules:
-            state = self._state.pop((rule.name, node), None)
-            if state is not None:
-                for follow in state.pending:
-                    follow.cancelled = True
+        for state in self._state.pop(node, {}).values():
+            for follow in state.pending:
+                follow.cancelled = True
 
     def pending(self, node: str) -> list[tuple[str, ActionKind, float]]:
         """Delayed actions scheduled for ``node``: (rule, kind, due)."""
         out: list[tuple[str, ActionKind, float]] = []
-        for rule in self._rules.rules:
-            state = self._state.get((rule.name, node))
-            if state is not None:
-                out.extend((rule.name, f.kind, f.due) for f in state.pending if not f.cancelled)
+        for rule_name, state in self._state.get(node, {}).items():
+            out.extend((rule_name, f.kind, f.due) for f in state.pending if not f.cancelled)
         return sorted(out, key=lambda p: p[2])
 
+    def _state_of(self, rule: str, node: str) -> _RuleNodeState | None:
+        states = self._state.get(node)
+        return None if states is None else states.get(rule)
+
     def _evaluate(
-        self, rule: Rule, sample: HealthSample, gap: bool, read: list[Value | None]
+        self,
+        rule: Rule,
+        sample: HealthSample,
+        gap: bool,
+        read: list[Value | None],
+        states: dict[str, _RuleNodeState],
     ) -> list[Action]:
         holds = rule.when.holds
-        key = (rule.name, sample.node)
-        state = self._state.get(key)
+        state = states.get(rule.name)
         if not rule.when.holds_for_any(read) and (state is None or not state.active):
-            # The common case: nothing holds and no episode is on, so no
-            # streak goes on and nothing fires.
+            # Nothing holds and no episode is on: no streak goes on, nothing
+            # fires, and the rule's entry goes (no episode: no follow-ups).
             if state is not None:
-                state.streaks = {}
+                del states[rule.name]
             return []
         if state is None:
-            state = self._state[key] = _RuleNodeState()
+            state = states[rule.name] = _RuleNodeState()
         values = [
             SeriesValue(series, v, gpu)
             for (series, gpu), v in zip(series_labels(sample), read, strict=True)
@@ -343,10 +364,7 @@ class PolicyEngine:
 
     def _cancel_graceful(self, node: str) -> None:
         # An immediate power-off supersedes any graceful one still waiting.
-        for rule in self._rules.rules:
-            state = self._state.get((rule.name, node))
-            if state is None:
-                continue
+        for state in self._state.get(node, {}).values():
             for follow in state.pending:
                 if follow.kind is ActionKind.POWER_OFF_GRACEFUL:
                     follow.cancelled = True

@@ -208,3 +208,25 @@ def test_engines_share_no_state() -> None:
     feed(a, [hot("n1", t, 88.0) for t in range(0, 60, 10)])
     assert kinds(b.observe(hot("n1", 60, 88.0))) == []
     assert kinds(a.observe(hot("n1", 60, 88.0))) == ["drain", "notify_job"]
+
+
+def test_a_rule_that_stops_holding_leaves_the_other_rules_streaks_alone() -> None:
+    # "hot" (margin <= 3 °C for 30 s) keeps its streak while "very-hot"
+    # (>= 95 °C for 3 samples) starts and stops holding in between.
+    engine = engine_for(HEAT_RULES)
+    samples = [hot("n1", 0, 88.0), hot("n1", 10, 96.0), hot("n1", 20, 88.0)]
+    assert feed(engine, samples) == []
+    assert kinds(engine.observe(hot("n1", 30, 88.0))) == ["drain"]  # 30 s since t=0
+
+
+def test_a_node_whose_rules_all_rest_is_held_by_nothing_in_the_engine() -> None:
+    # What lets a healthy fleet's samples be tested rule by rule and nothing
+    # more: once nothing holds and no episode is on, the node has no entry.
+    engine = engine_for(HEAT_RULES)
+    feed(engine, [hot("n1", t, 88.0) for t in range(0, 40, 10)])  # an episode on
+    feed(engine, [agent("n2", 0)])
+    assert set(engine._state) == {"n1"}
+    engine.observe(hot("n1", 40, 60.0))  # it clears (re-armed)
+    engine.observe(hot("n1", 50, 60.0))
+    assert engine._state == {}
+    assert kinds(feed(engine, [hot("n1", t, 88.0) for t in range(60, 100, 10)])) == ["drain"]
