@@ -64,30 +64,42 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
     return frame
 
 
+Link = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
 async def start_child(
-    module: str, args: Sequence[str]
-) -> tuple[asyncio.subprocess.Process, asyncio.StreamReader, asyncio.StreamWriter]:
+    module: str, args: Sequence[str], *, more_links: Sequence[str] = ()
+) -> tuple[asyncio.subprocess.Process, list[Link]]:
     """Start ``python -m module --link-fd FD *args`` with the other end of a
-    new socket pair; returns the process and this end as a stream pair."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    new socket pair; returns the process and this end as a stream pair.
+    ``more_links``: flags for further socket pairs, each passed as
+    ``FLAG FD`` (links of their own, so that what one carries never waits
+    behind the other's); their ends follow the first in the list."""
+    flags = ("--link-fd", *more_links)
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in flags]
+    theirs = [pair[1] for pair in pairs]
+    passed = [
+        part for flag, end in zip(flags, theirs, strict=True) for part in (flag, str(end.fileno()))
+    ]
     try:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             module,
-            "--link-fd",
-            str(theirs.fileno()),
+            *passed,
             *args,
-            pass_fds=(theirs.fileno(),),
+            pass_fds=tuple(end.fileno() for end in theirs),
             stdin=asyncio.subprocess.DEVNULL,
         )
     except BaseException:
-        ours.close()
+        for ours, _ in pairs:
+            ours.close()
         raise
     finally:
-        theirs.close()
-    reader, writer = await asyncio.open_unix_connection(sock=ours)
-    return process, reader, writer
+        for end in theirs:
+            end.close()
+    links = [await asyncio.open_unix_connection(sock=ours) for ours, _ in pairs]
+    return process, links
 
 
 def cpu_seconds(pid: int) -> float | None:

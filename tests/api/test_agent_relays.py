@@ -28,6 +28,7 @@ from tls_certs import TestCa
 from controller.api.relay import frames
 from controller.api.relay import relayed as relayed_calls
 from controller.api.relay.frames import MESSAGES, OPEN, FrameWriter
+from controller.api.relay.supervisor import AgentRelays
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.model import AgentCommand
 from controller.server import ControllerConfig, ControllerServer, ListenError
@@ -449,6 +450,57 @@ async def test_a_controller_behind_its_relayed_reports_stops_reading_the_link() 
         assert calls.queued == 0 and calls.queued_bytes == 0
         writer.close()
         theirs.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_fleet_call_is_answered_while_the_agents_link_is_not_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker sends the agents' streams on one link and every other call
+    on its own: with the controller behind on the agents' messages (past
+    HIGH, so their link is not read), a ``GetNode`` through the same worker
+    is still read and answered at once, not queued behind them."""
+    monkeypatch.setattr(relayed_calls, "HIGH", 3)
+    monkeypatch.setattr(relayed_calls, "LOW", 1)
+    behind = asyncio.Event()
+
+    async def never_reads(requests: AsyncIterator[bytes], context: object) -> AsyncIterator[bytes]:
+        await behind.wait()  # a controller behind: takes nothing up
+        yield b""
+
+    async def get_node(request: fleet_pb2.GetNodeRequest, context: object) -> fleet_pb2.Node:
+        return fleet_pb2.Node(name=request.name)
+
+    async def handler_for(details: relayed_calls.CallDetails) -> grpc.RpcMethodHandler:
+        if details.method == CONNECT:
+            return grpc.stream_stream_rpc_method_handler(never_reads)
+        return grpc.unary_unary_rpc_method_handler(
+            get_node,
+            request_deserializer=fleet_pb2.GetNodeRequest.FromString,
+            response_serializer=fleet_pb2.Node.SerializeToString,
+        )
+
+    relays = AgentRelays(1, f"127.0.0.1:{free_port()}", handler_for)
+    await relays.start()
+    channel = grpc.aio.insecure_channel(relays.listen)
+    try:
+        agent = Agent(channel)
+        for i in range(20):
+            agent.outbox.put_nowait(registration(f"a{i}"))
+        await until(lambda: relays.figures()["backlog"] > relayed_calls.HIGH)
+        await asyncio.sleep(0.5)
+        held = relays.figures()["backlog"]
+        assert held < 20  # the agents' link is not read past HIGH
+        node = await fleet_pb2_grpc.FleetServiceStub(channel).GetNode(
+            fleet_pb2.GetNodeRequest(name="n7"), timeout=5
+        )
+        assert node.name == "n7"
+        assert relays.figures()["backlog"] == held  # still not read
+        behind.set()
+        agent.call.cancel()
+    finally:
+        await channel.close()
+        await relays.stop()
 
 
 def _children(pid: int) -> list[int]:

@@ -192,7 +192,7 @@ async def test_the_worker_forwards_an_agents_reports_digested_and_the_rest_raw()
 
     async with _link() as (link, reader):
         relay = Relay(link, certificates=False)
-        await relay._forward(7, requests(), ReportDigest().packed)
+        await relay._forward(7, link, requests(), ReportDigest().packed)
         got = await _frames(reader, 4)
         assert [f[0] for f in got] == [MESSAGES, REPORTS, MESSAGES, frames.HALF_CLOSE]
         assert got[0][1] == [(7, register.SerializeToString())]

@@ -1,8 +1,13 @@
 """The frames between the controller and its relay workers.
 
-The frames and the socket pair are ``controller.link``'s: a tagged tuple
-of plain values each, over a socket pair the controller creates and the
-worker alone inherits.
+The frames and the socket pairs are ``controller.link``'s: a tagged tuple
+of plain values each, over socket pairs the controller creates and the
+worker alone inherits. A worker has two links, each with the frames below
+for its own calls: the agents' streams (``AgentService.Connect``) on one,
+every other call on the other, so that an operator's call is never read
+behind the reports queued before it (a link's frames go in order, and the
+controller stops reading a link whose calls are behind:
+``relayed.HIGH``). Call numbers are the worker's, one series for both.
 
 Worker to controller:
 

@@ -1,7 +1,10 @@
 """Starts the agent relay workers, keeps them running, stops them.
 
 Each worker is a ``python -m controller.api.relay.worker`` child with one
-end of a socket pair; the controller reads its frames (``RelayedCalls``).
+end of two socket pairs: the agents' streams on one, every other call
+(``FleetService``) on the other, so that an operator's call is read at once
+however many reports wait before it; the controller reads each link's
+frames (a ``RelayedCalls`` each).
 A worker that exits or whose link fails is started again after a pause
 (doubling from 1 s up to 30 s while it keeps failing); its agents'
 calls end as for any dropped connection and they reconnect. The workers
@@ -58,14 +61,14 @@ class AgentRelays:
         self._tls_files = tuple(tls_files)
         self.keepalive = keepalive
         self._processes: dict[int, asyncio.subprocess.Process] = {}
-        self._calls: dict[int, RelayedCalls] = {}
+        self._calls: dict[int, tuple[RelayedCalls, ...]] = {}  # a worker's links' calls
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.restarts = 0
 
     def calls(self) -> int:
         """Agent calls open through the workers now."""
-        return sum(len(c) for c in self._calls.values())
+        return sum(len(c) for links in self._calls.values() for c in links)
 
     def figures(self) -> dict[str, int]:
         """For the metrics: workers running, calls open, restarts, backlog."""
@@ -73,7 +76,7 @@ class AgentRelays:
             "workers": len(self._calls),
             "calls": self.calls(),
             "restarts": self.restarts,
-            "backlog": sum(c.queued for c in self._calls.values()),
+            "backlog": sum(c.queued for links in self._calls.values() for c in links),
         }
 
     async def start(self) -> None:
@@ -141,29 +144,48 @@ class AgentRelays:
         for flag, path in zip(flags, self._tls_files, strict=True):
             if path is not None:
                 args += [flag, str(path)]
-        process, reader, writer = await start_child("controller.api.relay.worker", args)
+        process, links = await start_child(
+            "controller.api.relay.worker", args, more_links=("--api-link-fd",)
+        )
         self._processes[slot] = process
-        link = FrameWriter(writer)
-        sending = asyncio.create_task(link.run())
-        calls = self._calls[slot] = RelayedCalls(link, self._handler_for)
+        writers = [FrameWriter(writer) for _, writer in links]
+        sending = [asyncio.create_task(writer.run()) for writer in writers]
+        calls = self._calls[slot] = tuple(RelayedCalls(w, self._handler_for) for w in writers)
+        reading: list[asyncio.Task[None]] = []
         try:
-            first = await frames.read_frame(reader)
+            first = await frames.read_frame(links[0][0])
             if first is None or first[0] != frames.READY:
                 failed = first is not None and first[0] == frames.FAILED
                 reason = first[1] if failed and first is not None else "it exited"
                 raise RelayStartError(address=self.listen, reason=str(reason))
             if not ready.done():
                 ready.set_result(None)
-            while True:
-                frame = await frames.read_frame(reader)
-                if frame is None:
-                    return
-                calls.on_frame(frame)
-                await calls.room()
+            reading = [
+                asyncio.create_task(_read(reader, each))
+                for (reader, _), each in zip(links, calls, strict=True)
+            ]
+            # Until either link ends (what ended it, raised, is the worker's end).
+            done, _ = await asyncio.wait(reading, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
         finally:
-            await calls.end_all()
+            await cancel_all(reading)
+            for each in calls:
+                await each.end_all()
             del self._calls[slot]
-            sending.cancel()
-            writer.close()
+            await cancel_all(sending)
+            for _, writer in links:
+                writer.close()
             await end_child(process)
             self._processes.pop(slot, None)
+
+
+async def _read(reader: asyncio.StreamReader, calls: RelayedCalls) -> None:
+    """One link's frames to its calls, until it ends; not read further while
+    the calls' backlog is over its mark (``RelayedCalls.room``)."""
+    while True:
+        frame = await frames.read_frame(reader)
+        if frame is None:
+            return
+        calls.on_frame(frame)
+        await calls.room()

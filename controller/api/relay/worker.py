@@ -8,10 +8,13 @@ parsed, checked and packed, ``frames.REPORTS``: ``digest.py``), and what
 the controller answers goes back to the agent. It reads its TLS files itself (and again
 on SIGHUP, as the controller does) and binds the port with
 ``SO_REUSEPORT``, so that several workers share it and the kernel spreads
-the connections over them. It exits when its link to the controller ends.
+the connections over them. The agents' streams go on its link to the
+controller, every other call on a second one (``--api-link-fd``), so that a
+call to ``FleetService`` never queues behind reports. It exits when either
+link ends.
 
     python -m controller.api.relay.worker --listen HOST:PORT --link-fd FD
-        [--tls-cert F --tls-key F [--tls-client-ca F]]
+        [--api-link-fd FD] [--tls-cert F --tls-key F [--tls-client-ca F]]
 """
 
 from __future__ import annotations
@@ -45,19 +48,28 @@ STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class _Call:
-    __slots__ = ("ended", "outgoing")
+    __slots__ = ("ended", "link", "outgoing")
 
-    def __init__(self) -> None:
+    def __init__(self, link: FrameWriter) -> None:
+        self.link = link  # the link its frames go on
         # raw messages to send, then (code, details) to end with
         self.outgoing: asyncio.Queue[bytes | tuple[int, str]] = asyncio.Queue()
         self.ended = False  # the controller ended it (it needs no GONE)
 
 
 class Relay(grpc.GenericRpcHandler):
-    """Every method of Kiln's services, forwarded; answers from the controller."""
+    """Every method of Kiln's services, forwarded; answers from the controller.
 
-    def __init__(self, link: FrameWriter, *, certificates: bool) -> None:
+    The agents' streams (``AgentService.Connect``) go on ``link``, every
+    other call on ``api_link`` (default: the same): a call to
+    ``FleetService`` then never waits behind the reports queued before it
+    while the controller is behind (frames of one link go in order)."""
+
+    def __init__(
+        self, link: FrameWriter, *, certificates: bool, api_link: FrameWriter | None = None
+    ) -> None:
         self._link = link
+        self._api_link = api_link or link
         self._certificates = certificates  # the port asks for client certificates
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
@@ -104,7 +116,7 @@ class Relay(grpc.GenericRpcHandler):
         """Tell the controller of a new call; a call of one request message
         sends it in the same frame (its whole request stream)."""
         ident = next(self._ids)
-        call = self._calls[ident] = _Call()
+        call = self._calls[ident] = _Call(self._link if method == CONNECT else self._api_link)
         auth: dict[str, list[bytes]] = {}
         if self._certificates:  # the verified certificate and the names gRPC read from it
             for key, values in context.auth_context().items():
@@ -112,12 +124,13 @@ class Relay(grpc.GenericRpcHandler):
         metadata = tuple((m.key, m.value) for m in context.invocation_metadata() or ())
         opened = (frames.OPEN, ident, method, metadata, auth, context.peer())
         timeout = context.time_remaining()
-        self._link.send((*opened, timeout) if request is None else (*opened, timeout, request))
+        call.link.send((*opened, timeout) if request is None else (*opened, timeout, request))
         return ident, call
 
     def _close(self, ident: int) -> None:
-        if not self._calls.pop(ident).ended:
-            self._link.send((frames.GONE, ident))
+        call = self._calls.pop(ident)
+        if not call.ended:
+            call.link.send((frames.GONE, ident))
 
     async def _answers(
         self, ident: int, call: _Call, context: grpc.aio.ServicerContext
@@ -131,7 +144,7 @@ class Relay(grpc.GenericRpcHandler):
                 yield item  # returns once gRPC has taken it
                 handed += 1
                 if handed >= frames.WINDOW // 2:
-                    self._link.send((frames.SENT, ident, handed))
+                    call.link.send((frames.SENT, ident, handed))
                     handed = 0
                 continue
             code, details = item
@@ -172,7 +185,7 @@ class Relay(grpc.GenericRpcHandler):
         self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> bytes:
         ident, call = self._open(method, context)
-        reader = asyncio.create_task(self._forward(ident, requests))
+        reader = asyncio.create_task(self._forward(ident, call.link, requests))
         try:
             return await self._last(ident, call, context)
         finally:
@@ -183,9 +196,8 @@ class Relay(grpc.GenericRpcHandler):
         self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         ident, call = self._open(method, context)
-        reader = asyncio.create_task(
-            self._forward(ident, requests, self._digest.packed if method == CONNECT else None)
-        )
+        digest = self._digest.packed if method == CONNECT else None
+        reader = asyncio.create_task(self._forward(ident, call.link, requests, digest))
         try:
             async for raw in self._answers(ident, call, context):
                 yield raw
@@ -196,12 +208,12 @@ class Relay(grpc.GenericRpcHandler):
     async def _forward(
         self,
         ident: int,
+        link: FrameWriter,
         requests: AsyncIterator[bytes],
         digest: Callable[[bytes], bytes | None] | None = None,
     ) -> None:
-        """Send the call's messages on; with ``digest``, each one it packs
-        goes as a report instead."""
-        link = self._link
+        """Send the call's messages on ``link``; with ``digest``, each one it
+        packs goes as a report instead."""
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
             async for raw in requests:
                 packed = None if digest is None else digest(raw)
@@ -216,13 +228,22 @@ class Relay(grpc.GenericRpcHandler):
 async def serve(args: argparse.Namespace) -> int:
     reader, writer = await open_link(args.link_fd)
     link = FrameWriter(writer)
-    sending = asyncio.create_task(link.run())
+    sending = [asyncio.create_task(link.run())]
+    answers = [reader]
+    writers = [writer]
+    api_link = None
+    if args.api_link_fd is not None:
+        api_reader, api_writer = await open_link(args.api_link_fd)
+        api_link = FrameWriter(api_writer)
+        sending.append(asyncio.create_task(api_link.run()))
+        answers.append(api_reader)
+        writers.append(api_writer)
     tls = None
     if args.tls_cert is not None:
         from controller.tls import ReloadableTls  # only with TLS
 
         tls = ReloadableTls.from_options(args.tls_cert, args.tls_key, args.tls_client_ca)
-    relay = Relay(link, certificates=args.tls_client_ca is not None)
+    relay = Relay(link, certificates=args.tls_client_ca is not None, api_link=api_link)
     server = grpc.aio.server(
         options=[
             ("grpc.so_reuseport", 1),  # the workers share the port
@@ -241,7 +262,8 @@ async def serve(args: argparse.Namespace) -> int:
     if bound == 0:
         link.send((frames.FAILED, f"cannot listen on {args.listen}"))
         await asyncio.sleep(0.2)  # the writer task sends it
-        writer.close()
+        for each in writers:
+            each.close()
         return 1
     await server.start()
     # A worker's heap is its streams' waiting reads (about 20 objects each,
@@ -253,13 +275,33 @@ async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     if tls is not None:
         loop.add_signal_handler(signal.SIGHUP, lambda: _reload(tls))
-    loop.add_signal_handler(signal.SIGTERM, writer.close)
+
+    def close_links() -> None:
+        for each in writers:
+            each.close()
+
+    loop.add_signal_handler(signal.SIGTERM, close_links)
     link.send((frames.READY, bound))
+    reading = [asyncio.create_task(_answer(each, relay)) for each in answers]
+    try:
+        # Until a link ends: the worker stops at the end of either.
+        await asyncio.wait(reading, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        pauses.stop()
+        relay.end_all()
+        await server.stop(1.0)
+        for task in (*reading, *sending):
+            task.cancel()
+    return 0
+
+
+async def _answer(reader: asyncio.StreamReader, relay: Relay) -> None:
+    """Hand the controller's frames on one link to their calls, until it ends."""
     try:
         while True:
             frame = await frames.read_frame(reader)
             if frame is None:
-                break
+                return
             relay.answer(frame)
     except frames.FrameError:
         log.exception("relay worker: the link to the controller failed")
@@ -268,12 +310,6 @@ async def serve(args: argparse.Namespace) -> int:
         # send (it stops: every busy worker saw this; or it died, which its
         # own log says): the worker stops as at the link's end.
         log.info("relay worker: the controller closed the link (%s); stopping", e)
-    finally:
-        pauses.stop()
-        relay.end_all()
-        await server.stop(1.0)
-        sending.cancel()
-    return 0
 
 
 def _reload(tls: Any) -> None:
@@ -287,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--listen", required=True)
     parser.add_argument("--link-fd", type=int, required=True)
+    parser.add_argument("--api-link-fd", type=int, help="a link for calls other than Connect")
     parser.add_argument("--keepalive", type=float, default=DEFAULT_KEEPALIVE_S)
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)

@@ -159,7 +159,7 @@ class BmcReaders:
 
     async def _run_one(self, slot: int) -> bool:
         """Run one reader until it ends; True when it was up (said READY)."""
-        process, reader, writer = await start_child(MODULE, self._args)
+        process, [(reader, writer)] = await start_child(MODULE, self._args)
         self._processes[slot] = process
         link = _Link(writer)
         try:
