@@ -71,8 +71,8 @@ async def start_child(
     module: str, args: Sequence[str], *, more_links: Sequence[str] = ()
 ) -> tuple[asyncio.subprocess.Process, list[Link]]:
     """Start ``python -m module --link-fd FD *args`` with the other end of a
-    new socket pair; returns the process and this end as a stream pair.
-    ``more_links``: flags for further socket pairs, each passed as
+    new socket pair; returns the process and this end as a stream pair, in
+    a list. ``more_links``: flags for further socket pairs, each passed as
     ``FLAG FD`` (links of their own, so that what one carries never waits
     behind the other's); their ends follow the first in the list."""
     flags = ("--link-fd", *more_links)
