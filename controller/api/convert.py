@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from controller.core.audit import AuditEntry
 from controller.core.checks import CheckRunInfo
 from controller.core.errors import InvalidArgument
-from controller.core.health import REPORT_FIELDS, GpuHealth, HealthReport
+from controller.core.health import REPORT_FIELDS, GpuHealth, HealthReport, typed_report
 from controller.core.identity import TokenInfo
 from controller.core.job_health import AllocationReport
 from controller.core.model import (
@@ -266,14 +266,7 @@ def health_values(msg: types_pb2.NodeHealth) -> tuple[Any, ...]:
 def health_from_pb(msg: types_pb2.NodeHealth) -> HealthReport:
     """An agent's health report as the core's typed value (the only place the
     wire form of a report is read)."""
-    values = health_values(msg)
-    return HealthReport(
-        values[0],
-        values[1],
-        tuple(GpuHealth(*gpu) for gpu in values[2]),
-        values[3],
-        values[4],
-    )
+    return typed_report(health_values(msg))
 
 
 def health_pb(health: HealthReport | None) -> types_pb2.NodeHealth | None:

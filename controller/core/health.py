@@ -87,7 +87,7 @@ def pack_report(report: HealthReport) -> PackedReport:
     """``report`` as bytes (see above)."""
     values = list(_report_values(report))
     values[_GPUS_AT] = tuple(map(_gpu_values, report.gpus))
-    return marshal.dumps(tuple(values))
+    return pack_values(tuple(values))
 
 
 def pack_values(values: tuple[Any, ...]) -> PackedReport:
@@ -99,9 +99,15 @@ def pack_values(values: tuple[Any, ...]) -> PackedReport:
 
 def unpack_report(packed: PackedReport) -> HealthReport:
     """The typed report ``pack_report`` packed (equal to it, not the same object)."""
-    values: list[Any] = list(marshal.loads(packed))
-    values[_GPUS_AT] = tuple(GpuHealth(*gpu) for gpu in values[_GPUS_AT])
-    return HealthReport(*values)
+    return typed_report(marshal.loads(packed))
+
+
+def typed_report(values: Sequence[Any]) -> HealthReport:
+    """The typed report of plain values in ``packed_values``' order, with
+    tuples where the report has them (``report_from_values`` takes lists)."""
+    fields = list(values)
+    fields[_GPUS_AT] = tuple(GpuHealth(*gpu) for gpu in fields[_GPUS_AT])
+    return HealthReport(*fields)
 
 
 def packed_values(packed: PackedReport) -> tuple[Any, ...]:
