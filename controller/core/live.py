@@ -219,7 +219,11 @@ class LiveHealth:
         (unless a newer sample came), and is retried at the next flush; the
         failure is logged once until a flush succeeds."""
         written = 0
-        names = list(self._dirty)
+        # By name, not as they came: a node's row sits beside those enrolled
+        # with it (names in order, most often), so a batch of neighbours
+        # dirties fewer database pages than 250 nodes from across the fleet
+        # (SQLite's commit was half a random batch's cost).
+        names = sorted(self._dirty)
         self._dirty.clear()
         for start in range(0, len(names), self.batch):
             batch = names[start : start + self.batch]

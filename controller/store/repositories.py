@@ -370,6 +370,9 @@ _NODE_PASSWORDS = core_select(_NODES.c.name, _NODES.c.bmc_password).where(
 # SET names the columns of the parameters given (the changed ones).
 _NODE_UPDATE = update(_NODES).where(_NODES.c.name == bindparam("b_name"))
 _NODE_INSERT = insert(_NODES)
+# The write-behind's statements (``save_health_batch``), for the driver.
+_HEALTH_UPDATE = "UPDATE nodes SET health_json = ?, agent_last_seen = ? WHERE name = ?"
+_SIGHTING_UPDATE = "UPDATE nodes SET agent_last_seen = ? WHERE name = ?"
 _NODE_DELETE = delete(_NODES).where(_NODES.c.name == bindparam("b_name"))
 _NODE_NAMES_IN = core_select(_NODES.c.name).where(
     _NODES.c.name.in_(bindparam("b_names", expanding=True))
@@ -539,32 +542,38 @@ class SqlNodes:
         return self.get(name)
 
     def save_health_batch(self, samples: Sequence[HealthSample]) -> int:
-        # Core, past the ORM: at a real fleet's pace every report is a row of
-        # the next flush (25,000 agents at 10 s, flushed every 5 s), and the
-        # ORM's bulk UPDATE and its Session cost more than the row's JSON.
-        # Two executemany UPDATEs by name: sightings keep the stored report.
+        # On the driver's cursor, past SQLAlchemy: at a real fleet's pace
+        # every report is a row of the next flush (25,000 agents at 10 s:
+        # 2,500 rows a second), and Core's parameter processing cost as much
+        # as the row's JSON (15 us a row against 2). Two executemany UPDATEs
+        # by name: sightings keep the stored report.
         names = [s.node for s in samples]
         known = set(self._execute(_NODE_NAMES_IN, {"b_names": names}).scalars())
-        reports: list[dict[str, object]] = []
-        sightings: list[dict[str, object]] = []
+        reports: list[tuple[str, float, str]] = []
+        sightings: list[tuple[float, str]] = []
+        touch = self._stored.touch
         for s in samples:
             if s.node not in known:
                 continue
             if s.packed is None:
-                sightings.append({"b_name": s.node, "agent_last_seen": s.seen_at})
+                sightings.append((s.seen_at, s.node))
             else:
-                reports.append(
-                    {
-                        "b_name": s.node,
-                        "agent_last_seen": s.seen_at,
-                        "health_json": packed_to_json(s.packed),
-                    }
-                )
-            self._stored.touch(s.node, agent_last_seen=s.seen_at)
-        for rows in (reports, sightings):
-            if rows:
-                self._execute(_NODE_UPDATE, rows)
+                reports.append((packed_to_json(s.packed), s.seen_at, s.node))
+            touch(s.node, agent_last_seen=s.seen_at)
+        if reports:
+            self._executemany(_HEALTH_UPDATE, reports)
+        if sightings:
+            self._executemany(_SIGHTING_UPDATE, sightings)
         return len(reports) + len(sightings)
+
+    def _executemany(self, sql: str, rows: list[Any]) -> None:
+        """``sql`` (``?`` for each parameter) once per row, on the driver's
+        cursor in this transaction."""
+        if self._connection is None:
+            self._connection = self._session.connection()
+        if self._connection.dialect.paramstyle != "qmark":
+            sql = sql.replace("?", "%s")  # psycopg
+        self._connection.exec_driver_sql(sql, rows)
 
     def leak_looks(self) -> dict[str, LeakLook]:
         return {

@@ -33,6 +33,9 @@ class TableRows:
     def __init__(self, committed: dict[str, Columns] | None = None) -> None:
         self._committed = committed
         self._mine: dict[str, Columns | None] = {}  # None: removed here
+        # Columns touched on a committed row this transaction has not read:
+        # kept apart, not by copying the row (a health batch touches 250).
+        self._touched: dict[str, Columns] = {}
 
     def get(self, key: str) -> Columns | None:
         """The row's columns as this transaction knows them (a copy it may
@@ -43,6 +46,9 @@ class TableRows:
         if found is None:
             return None
         mine = self._mine[key] = dict(found)
+        touched = self._touched.pop(key, None)
+        if touched is not None:
+            mine.update(touched)
         return mine
 
     def __getitem__(self, key: str) -> Columns:
@@ -53,16 +59,21 @@ class TableRows:
 
     def __setitem__(self, key: str, columns: Columns) -> None:
         self._mine[key] = columns
+        self._touched.pop(key, None)
 
     def remove(self, key: str) -> None:
         self._mine[key] = None
+        self._touched.pop(key, None)
 
     def touch(self, key: str, **columns: Any) -> None:
         """Columns written past a record (a health batch's ``agent_last_seen``):
         kept where the row is known, ignored where it is not."""
-        known = self.get(key)
-        if known is not None:
-            known.update(columns)
+        if key in self._mine:
+            known = self._mine[key]
+            if known is not None:
+                known.update(columns)
+        elif self._committed is not None and key in self._committed:
+            self._touched.setdefault(key, {}).update(columns)
 
     def commit(self) -> None:
         """This transaction committed: its rows are the stored ones now."""
@@ -76,7 +87,12 @@ class TableRows:
                 committed.pop(key, None)
             else:
                 committed[key] = columns
+        for key, columns in self._touched.items():
+            row = committed.get(key)
+            if row is not None:  # rows are never shared: each get copies
+                row.update(columns)
         self._mine = {}
+        self._touched = {}
 
 
 class TxRows(NamedTuple):

@@ -19,6 +19,7 @@ from controller.core.model import AllocationSpec
 from controller.core.records import AllocationRecord, NodeRecord
 from controller.core.states import AllocationState, NodeState
 from controller.store.sql_store import SqlStore, SqlTx
+from controller.store.writer_rows import TableRows
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,6 +125,65 @@ async def test_columns_written_past_a_record_and_removals_are_seen(store: SqlSto
     assert await store.tx(state_of("wr-4")) is None
     with pytest.raises(KeyError):
         await store.tx(lambda tx: tx.nodes.save(node("wr-4")))
+
+
+async def test_a_sighting_is_seen_by_its_own_unit_and_gone_with_its_failure(
+    store: SqlStore,
+) -> None:
+    """A health batch's ``agent_last_seen`` is kept beside the writer's row,
+    not on a copy of it: the unit that wrote it reads it back, a later unit
+    reads it without a SELECT, and a unit that fails after it leaves the
+    row as the last commit left it."""
+    await store.tx(lambda tx: tx.nodes.add(node("wr-5"), "pw"))
+
+    def sighted_at(at: float) -> Any:
+        def sight(tx: SqlTx) -> float:
+            tx.nodes.save_health_batch([HealthSample.of("wr-5", None, at)])
+            found = tx.nodes.get("wr-5", with_health=False)
+            assert found is not None
+            return found.agent_last_seen
+
+        return sight
+
+    assert await store.tx(sighted_at(77.0)) == 77.0
+
+    def sight_then_fail(tx: SqlTx) -> None:
+        tx.nodes.save_health_batch([HealthSample.of("wr-5", None, 99.0)])
+        raise NotFound(kind="node", name="other")
+
+    with pytest.raises(NotFound):
+        await store.tx(sight_then_fail)
+    found = await store.tx(lambda tx: tx.nodes.get("wr-5", with_health=False))
+    assert found is not None and found.agent_last_seen == 77.0
+    assert await store.read(lambda tx: tx.nodes.get("wr-5", with_health=False)) == found
+
+
+def test_a_touched_row_reads_its_columns_and_commits_them() -> None:
+    committed: dict[str, dict[str, Any]] = {"a": {"state": "ready", "seen": 1.0}}
+    rows = TableRows(committed)
+    rows.touch("a", seen=2.0)
+    rows.touch("ghost", seen=3.0)  # a row it does not know: ignored
+    assert committed["a"]["seen"] == 1.0  # nothing committed before its commit
+    assert rows.get("a") == {"state": "ready", "seen": 2.0}
+    rows.commit()
+    assert committed == {"a": {"state": "ready", "seen": 2.0}}
+
+    later = TableRows(committed)
+    later.touch("a", seen=4.0)
+    later.commit()  # never read, still committed
+    assert committed["a"] == {"state": "ready", "seen": 4.0}
+
+    replaced = TableRows(committed)
+    replaced.touch("a", seen=5.0)
+    replaced["a"] = {"state": "failed", "seen": 6.0}  # a whole row saved after it
+    replaced.commit()
+    assert committed["a"] == {"state": "failed", "seen": 6.0}
+
+    removed = TableRows(committed)
+    removed.touch("a", seen=7.0)
+    removed.remove("a")
+    removed.commit()
+    assert committed == {}
 
 
 async def test_an_allocations_holders_come_from_its_members_rows_without_a_select(
