@@ -162,7 +162,7 @@ def _finite(value: float) -> float | None:
 # ``gpu_health_from_pb`` passes GpuHealth's fields by position (a keyword
 # call of 29 arguments cost a third of the conversion); this is the order it
 # writes them in, checked against the dataclass when the module loads.
-_GPU_HEALTH_ORDER = (
+GPU_HEALTH_ORDER = (
     "index",
     "uuid",
     "lost",
@@ -193,7 +193,7 @@ _GPU_HEALTH_ORDER = (
     "recovery_action",
     "errors",
 )
-if _GPU_HEALTH_NAMES != _GPU_HEALTH_ORDER:
+if _GPU_HEALTH_NAMES != GPU_HEALTH_ORDER:
     raise RuntimeError("GpuHealth's fields changed: update convert.gpu_health_values")
 # ``health_values`` writes HealthReport's fields by position too.
 if REPORT_FIELDS != ("sampled_at", "source", "gpus", "bmc_temps_c", "drift"):
@@ -205,7 +205,7 @@ def gpu_health_values(msg: types_pb2.GpuHealth) -> tuple[Any, ...]:
     absent optional reading or a value that is not a finite number is None
     (unknown), which no rule acts on.
 
-    Field by field, in ``_GPU_HEALTH_ORDER``: a report carries ~30 fields per
+    Field by field, in ``GPU_HEALTH_ORDER``: a report carries ~30 fields per
     GPU and thousands of reports come each second (a loop over the fields
     costs twice this, keywords a half more). ``tests/api/test_health_wire.py``
     checks every field of ``GpuHealth`` is read.

@@ -19,9 +19,10 @@ import grpc
 import pytest
 
 from controller.api import convert
+from controller.api.limits import Checker, FieldTooLarge, _checked_fields, limit_for
 from controller.api.relay import frames
 from controller.api.relay import relayed as relayed_calls
-from controller.api.relay.digest import CONNECT, ReportDigest
+from controller.api.relay.digest import CHECKED, CONNECT, ReportDigest
 from controller.api.relay.frames import MESSAGES, OPEN, REPORTS, FrameWriter
 from controller.api.relay.worker import Relay
 from controller.core.health import pack_report, packed_values, unpack_report
@@ -106,6 +107,66 @@ def test_what_is_not_a_report_in_bounds_goes_as_it_came() -> None:
         assert digest.packed(message.SerializeToString()) is None
     assert digest.packed(b"\xff\xff\xff") is None  # not an AgentMessage
     assert digest.packed(b"") is None  # an empty message: no body
+
+
+def _at_and_over(kind: str, name: str) -> list[tuple[Any, bool]]:
+    """Values for one checked field at its limit and past it (True): its
+    count of items, and for repeated strings, one item's length too."""
+    field = getattr(types_pb2, kind).DESCRIPTOR.fields_by_name[name]
+    limit = limit_for(field)
+    counts = (limit, limit + 1)
+    if name == "gpus":
+        values: list[Any] = [[types_pb2.GpuHealth(index=i) for i in range(n)] for n in counts]
+    elif name == "bmc_temps_c":  # non-finite ones are dropped from the values, not the count
+        values = [[math.nan] * n for n in counts]
+    elif name in ("xids", "nvlink_down"):
+        values = [list(range(n)) for n in counts]
+    elif field.is_repeated:
+        each = limit_for(field, item=True)
+        values = [["e"] * n for n in counts] + [["e" * n] for n in (each, each + 1)]
+    else:
+        values = ["s" * n for n in counts]
+    return [(value, i % 2 == 1) for i, value in enumerate(values)]
+
+
+def test_the_digest_checks_every_field_the_checker_checks() -> None:
+    checked = {
+        kind.full_name: tuple(name for name, _, _ in _checked_fields(kind))
+        for kind in (types_pb2.NodeHealth.DESCRIPTOR, types_pb2.GpuHealth.DESCRIPTOR)
+    }
+    assert {k: set(v) for k, v in checked.items()} == {k: set(v) for k, v in CHECKED.items()}
+    # An agent's message carries nothing checked beside its body.
+    body = {name for name, _, _ in _checked_fields(agent_pb2.AgentMessage.DESCRIPTOR)}
+    assert body == {"register", "health", "result"}
+
+
+def test_a_report_over_any_limit_goes_as_it_came_and_one_at_it_is_packed() -> None:
+    digest = ReportDigest()
+    checker = Checker()
+    tried = 0
+    for kind, names in CHECKED.items():
+        for name in names:
+            for value, over in _at_and_over(kind.split(".")[-1], name):
+                message = health_message()
+                if kind == "kiln.v1.NodeHealth":
+                    target: Any = message.health
+                else:
+                    target = message.health.gpus[1]
+                if isinstance(value, list):
+                    target.ClearField(name)
+                    getattr(target, name).extend(value)
+                else:
+                    setattr(target, name, value)
+                packed = digest.packed(message.SerializeToString())
+                if over:
+                    with pytest.raises(FieldTooLarge):
+                        checker.check(message)
+                    assert packed is None, (name, value)
+                else:
+                    checker.check(message)
+                    assert packed is not None, (name, value)
+                tried += 1
+    assert tried == 2 * 7 + 4 * 2  # every field: at and past its limit
 
 
 @contextlib.asynccontextmanager
