@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import uvloop
 
 from controller import heap
 from controller.api.keepalive import DEFAULT_KEEPALIVE_S, keepalive_options
@@ -331,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller's Ctrl-C is for it to handle
-    return asyncio.run(serve(args))
+    # uvloop (libuv), as the BMC readers': gRPC's streams cost a tenth less
+    # CPU a message there (a bare grpc.aio servicer reading 2,500 streams,
+    # 155 us a report against 170 on asyncio's own loop).
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(serve(args))
 
 
 if __name__ == "__main__":
