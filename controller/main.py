@@ -21,8 +21,6 @@ import logging
 import signal
 import sys
 
-import uvloop
-
 from controller import heap
 from controller.core.errors import KilnError
 from controller.options import build_parser, check_store, parse
@@ -122,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     except KilnError as e:
         return _fail(e, EXIT_REFUSED)
     try:
-        # uvloop (libuv), as the relay workers and BMC readers: the loop's
-        # own steps cost less for every report, call and store answer.
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(serve(options.config))
+        return asyncio.run(serve(options.config))
     except ListenError as e:
         return _fail(f"--listen {e.fields['address']}: {e.fields['reason']}", EXIT_REFUSED)
     except DatabaseLost as e:
