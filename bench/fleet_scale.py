@@ -48,7 +48,12 @@ What is measured, per fleet size N (``--nodes``), each on a fresh controller:
    followed by ReleaseAllocation: p50/p99, admitted allocations a second,
    the controller's CPU a cycle, and how many of the machine's cores were
    busy meanwhile (``/proc/stat``: everything sharing the machine, the
-   generators and clients included). Then the same window again with
+   generators and clients included), and the controller process's busiest
+   threads (the event loop, the database writer): the share of a core each
+   ran, and the share it was runnable but waited for a CPU
+   (``/proc/PID/task/TID/schedstat``), which says whether the window was
+   bound by the controller's own CPU or by the machine's cores it shares
+   with the load. Then the same window again with
    every agent quiet (streams open, no reports; ``--quiet-alloc-seconds``,
    0 for none): the allocation path
    on this fleet apart from the reports that share the controller's
@@ -152,7 +157,7 @@ from fleet_load import (  # noqa: E402
     responder_main,
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-from kiln_process import with_children  # noqa: E402
+from kiln_process import busiest_threads, thread_schedule, with_children  # noqa: E402
 
 from controller.sim.ports import free_port  # noqa: E402
 from kiln.v1 import fleet_pb2, fleet_pb2_grpc, types_pb2  # noqa: E402
@@ -656,6 +661,9 @@ class Cycles:
     rate: float  # admitted a second
     cores: float  # the controller's (and its relays')
     machine: float  # cores of the whole machine busy: everything sharing it
+    # The controller's own process, its busiest threads: (cores running,
+    # cores runnable but waiting for a CPU), busiest first.
+    threads: list[tuple[float, float]] = field(default_factory=list)
 
     def text(self) -> str:
         """The window's outcome and latencies, as its line prints them."""
@@ -669,10 +677,18 @@ class Cycles:
     def cpu_text(self) -> str:
         """The controller's CPU a cycle and how busy the whole machine was."""
         per_cycle = self.cores / self.rate * 1e6 if self.rate else float("nan")
-        return (
+        text = (
             f"controller {self.cores:.2f} cores ({per_cycle:.0f} us/cycle), the machine "
             f"{self.machine:.2f} of its {os.cpu_count()} cores busy"
         )
+        if self.threads:
+            ran = " + ".join(f"{r:.2f}" for r, _ in self.threads)
+            waited = " + ".join(f"{w:.2f}" for _, w in self.threads)
+            text += (
+                f"; the controller's own busiest threads ran {ran} cores and waited for "
+                f"a CPU {waited} (runnable, not running)"
+            )
+        return text
 
 
 async def alloc_cycles(
@@ -710,11 +726,14 @@ async def alloc_cycles(
             errors[f"ReleaseAllocation {e.code().name}: {e.details()}"] += 1
 
     t0, c0, m0 = time.monotonic(), controller_cpu_s(pid), machine_busy_s()
+    threads0 = thread_schedule(pid)
     await timed_loop(clients, seconds, alloc)
     elapsed = time.monotonic() - t0
     cores = (controller_cpu_s(pid) - c0) / elapsed
     machine = (machine_busy_s() - m0) / elapsed
-    return Cycles(create_lat, release_lat, admitted, pending, admitted / elapsed, cores, machine)
+    threads = busiest_threads(threads0, thread_schedule(pid), elapsed)[:4]
+    rate = admitted / elapsed
+    return Cycles(create_lat, release_lat, admitted, pending, rate, cores, machine, threads)
 
 
 async def api_phase(

@@ -78,6 +78,43 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def thread_schedule(pid: int) -> dict[int, tuple[float, float]]:
+    """Each thread of process ``pid``: (seconds it ran on a CPU, seconds it
+    was runnable but waited for one), since it started
+    (``/proc/PID/task/TID/schedstat``). Empty where the kernel keeps no such
+    figures."""
+    found: dict[int, tuple[float, float]] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            ran, waited, _slices = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue  # gone, or a kernel without schedstats
+        found[int(tid)] = (int(ran) / 1e9, int(waited) / 1e9)
+    return found
+
+
+def busiest_threads(
+    before: dict[int, tuple[float, float]],
+    after: dict[int, tuple[float, float]],
+    seconds: float,
+    *,
+    floor: float = 0.02,
+) -> list[tuple[float, float]]:
+    """(cores running, cores waiting for a CPU) of each thread that ran at
+    least ``floor`` of a core between two ``thread_schedule`` readings,
+    busiest first."""
+    shares = []
+    for tid, (ran, waited) in after.items():
+        ran0, waited0 = before.get(tid, (0.0, 0.0))
+        if (ran - ran0) / seconds >= floor:
+            shares.append(((ran - ran0) / seconds, (waited - waited0) / seconds))
+    return sorted(shares, reverse=True)
+
+
 def memory_mib(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) of process ``pid`` in MiB."""
     values = {"VmRSS": 0.0, "VmHWM": 0.0}

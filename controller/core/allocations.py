@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 import time
-import uuid
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any
@@ -290,6 +290,11 @@ class Allocations:
         # the transaction that decides them (``create``).
         self._arriving: list[_Arrival] = []
         self._submitted = 0  # the highest queue position handed out
+        # Allocation ids and default keys: unique, not secret. ``uuid4``
+        # asks the kernel for each (a system call, across which the
+        # database thread takes the interpreter and the event loop then
+        # waits to get it back); this generator is seeded from it once.
+        self._ids = random.Random()
 
     async def loaded(self) -> AllocationView:
         """The in-memory view, read from the store on first use (``Fleet.start``
@@ -438,7 +443,7 @@ class Allocations:
                 needs more GPUs than its queue may ever hold.
         """
         validate_spec(spec)
-        key = key or uuid.uuid4().hex
+        key = key or f"{self._ids.getrandbits(128):032x}"
         if len(key) > 128:
             raise InvalidArgument("idempotency key longer than 128 characters")
         # The view holds every open and recently closed allocation; an older
@@ -456,7 +461,7 @@ class Allocations:
 
         now = time.time()
         alloc = AllocationRecord(
-            id=f"alloc-{uuid.uuid4().hex[:10]}",
+            id=f"alloc-{self._ids.getrandbits(40):010x}",
             key=key,
             spec=spec,
             reason="queued",
@@ -800,6 +805,11 @@ class Allocations:
         admitted_at = time.time()
         for ident in waits:
             self.job_health.admitted(ident, admitted_at)
+            # Said once committed (a unit of work may run twice, or roll
+            # back), and on the event loop, not the database thread.
+            admitted = self.view.get(ident)
+            if admitted is not None:
+                log.info("allocation %s: %s on %s", ident, admitted.state, ",".join(admitted.nodes))
         self._meter.placement(time.monotonic() - started)
         for waited in waits.values():
             self._meter.admitted(waited)
@@ -930,7 +940,6 @@ class Allocations:
             )
             save(alloc)
             waits[ident] = max(0.0, now - alloc.created_at)
-            log.info("allocation %s: %s on %s", ident, alloc.state, ",".join(placement.nodes))
         for ident, reason in waiting.items():
             alloc = get(ident)
             if alloc is not None and alloc.state == A.PENDING and alloc.reason != reason:
