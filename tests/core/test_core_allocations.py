@@ -1,12 +1,14 @@
 """Allocations in the core alone: booking, idempotency, refusal, release,
 replacement, requests stored by the pass that decides them (concurrent
-creates, reused keys, queue positions across a restart, a failed pass) —
-on the in-memory store and on SQLite."""
+creates, reused keys, queue positions across a restart, a failed pass),
+ids and the line an admission logs — on the in-memory store and on SQLite."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -307,3 +309,76 @@ async def test_a_release_does_not_wait_for_the_scheduling_pass_it_asks_for(
     await f.allocations.schedule_pass()
     admitted = await f.get_allocation(second.id)
     assert admitted.state == AllocationState.READY and len(admitted.nodes) == 2
+
+
+ID = re.compile(r"alloc-[0-9a-f]{10}")
+
+
+async def test_ids_keep_their_shape_and_never_repeat(fleet: tuple[Fleet, Racks]) -> None:
+    f, racks = fleet
+    await racks.add(TRAYS, rack="r1")
+    ids = []
+    for k in range(60):
+        info = await f.create_allocation(f"job-{k}", AllocationSpec(nodes=1))
+        ids.append(info.id)
+        await f.release(info.id)
+    # A request without a key gets one of its own.
+    keyless = [await f.create_allocation("", AllocationSpec(nodes=1)) for _ in range(2)]
+    ids += [a.id for a in keyless]
+    assert all(ID.fullmatch(i) for i in ids), ids
+    assert len(set(ids)) == len(ids)
+    assert len({a.key for a in keyless}) == 2 and all(a.key for a in keyless)
+
+
+async def test_two_controllers_do_not_share_a_sequence(make_fleet: Callable[..., Fleet]) -> None:
+    # Ids come from a generator seeded from the kernel once per controller
+    # (not a system call a request); a fixed seed would make two controllers
+    # on one database (PostgreSQL) hand out the same ids in the same order.
+    first, second = make_fleet(), make_fleet()
+    try:
+        one = [first.allocations._ids.getrandbits(40) for _ in range(3)]
+        two = [second.allocations._ids.getrandbits(40) for _ in range(3)]
+        assert one != two
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_an_admission_is_logged_once_committed_and_not_when_it_rolls_back(
+    fleet: tuple[Fleet, Racks], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    f, racks = fleet
+    await racks.add(TRAYS, rack="r1")
+    caplog.set_level(logging.INFO, logger="controller.core.allocations")
+    store = f.allocations._store
+    real = store.tx
+    failing = True
+
+    class DiskFull(KilnError):
+        template = "the disk is full"
+
+    async def tx(fn: Callable[[Any], Any]) -> Any:
+        def then_fail(t: Any) -> Any:
+            result = fn(t)  # the unit ran: the admission was decided and written ...
+            if failing:
+                raise DiskFull()  # ... and its transaction rolls back
+            return result
+
+        return await real(then_fail)
+
+    def admissions() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "controller.core.allocations" and r.getMessage().startswith("allocation ")
+        ]
+
+    monkeypatch.setattr(store, "tx", tx)
+    with pytest.raises(DiskFull):
+        await f.create_allocation("lost", AllocationSpec(nodes=2))
+    assert admissions() == []
+    assert await f.list_allocations(include_released=True) == []  # nothing was stored
+
+    failing = False
+    info = await f.create_allocation("kept", AllocationSpec(nodes=2))
+    assert admissions() == [f"allocation {info.id}: {info.state} on {','.join(info.nodes)}"]
