@@ -41,6 +41,7 @@ from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo,
 from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord, LeakLook, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
+from controller.store.driver_sql import insert_rows, update_row
 from controller.store.link import Link
 from controller.store.models import (
     AllocationRow,
@@ -389,8 +390,6 @@ _LEAK_LOOK_INSERT = insert(_LEAK_LOOKS)
 _ALLOCATION_SELECT = core_select(_ALLOCATIONS)
 _ALLOCATION_BY_ID = _ALLOCATION_SELECT.where(_ALLOCATIONS.c.id == bindparam("b_id"))
 _ALLOCATION_BY_KEY = _ALLOCATION_SELECT.where(_ALLOCATIONS.c.key == bindparam("b_key"))
-_ALLOCATION_UPDATE = update(_ALLOCATIONS).where(_ALLOCATIONS.c.id == bindparam("b_id"))
-_ALLOCATION_INSERT = insert(_ALLOCATIONS)
 _LAST_SUBMITTED = core_select(func.max(_ALLOCATIONS.c.submitted))
 
 
@@ -407,11 +406,14 @@ class SqlNodes:
         self._gpus_set: dict[str, tuple[GpuInfo, ...]] = {}
         self._removed: set[str] = set()
 
-    def _execute(self, statement: Any, params: Any = None) -> Any:
-        """On the session's own connection (its transaction), past the ORM."""
+    def _conn(self) -> Connection:
+        """The session's own connection (its transaction), past the ORM."""
         if self._connection is None:
             self._connection = self._session.connection()
-        return self._connection.execute(statement, params)
+        return self._connection
+
+    def _execute(self, statement: Any, params: Any = None) -> Any:
+        return self._conn().execute(statement, params)
 
     def changes(self) -> NodeChanges:
         return NodeChanges(saved=self._saved, gpus=self._gpus_set, removed=frozenset(self._removed))
@@ -530,7 +532,7 @@ class SqlNodes:
             stored = self._stored[node.name]
         changed = _changed(stored, _node_values(node))
         if changed:
-            self._execute(_NODE_UPDATE, {"b_name": node.name, **changed})
+            update_row(self._conn(), "nodes", ("name", node.name), changed)
             stored.update(changed)
         self._keep(node)
 
@@ -678,10 +680,13 @@ class SqlAllocations:
         # commit tells the in-memory view (``core/allocation_view.py``).
         self.saved: dict[str, AllocationRecord] = {}
 
-    def _execute(self, statement: Any, params: Any = None) -> Any:
+    def _conn(self) -> Connection:
         if self._connection is None:
             self._connection = self._session.connection()
-        return self._connection.execute(statement, params)
+        return self._connection
+
+    def _execute(self, statement: Any, params: Any = None) -> Any:
+        return self._conn().execute(statement, params)
 
     def _records(self, rows: Any) -> list[AllocationRecord]:
         found = []
@@ -728,7 +733,7 @@ class SqlAllocations:
 
     def add(self, allocation: AllocationRecord) -> None:
         values = _allocation_values(allocation, self._specs)
-        self._execute(_ALLOCATION_INSERT, values)
+        insert_rows(self._conn(), "allocations", tuple(values), [tuple(values.values())])
         self._stored[allocation.id] = values
         self.saved[allocation.id] = frozen_copy(allocation)
 
@@ -740,7 +745,7 @@ class SqlAllocations:
             stored = self._stored[allocation.id]
         changed = _changed(stored, _allocation_values(allocation, self._specs))
         if changed:
-            self._execute(_ALLOCATION_UPDATE, {"b_id": allocation.id, **changed})
+            update_row(self._conn(), "allocations", ("id", allocation.id), changed)
             stored.update(changed)
         self.saved[allocation.id] = frozen_copy(allocation)
 
@@ -749,7 +754,8 @@ class SqlAllocations:
 
 
 _EVENTS = EventRow.__table__  # type: ignore[attr-defined]
-_EVENT_INSERT = insert(_EVENTS)
+# A new event's columns, in the order ``SqlEvents.flush`` sends them.
+_EVENT_COLUMNS = (*_EVENT_PLAIN, "data_json", "published")
 
 
 def _events_since(node: bool, allocation: bool, kinds: bool) -> Any:
@@ -798,8 +804,14 @@ class SqlEvents:
         if self._rows:
             rows = list(self._rows)
             self._rows.clear()  # the list may be shared: emptied, not replaced
-            # On the session's connection, past the ORM's bulk machinery.
-            self._session.connection().execute(_EVENT_INSERT, rows)
+            # On the session's connection, past the ORM's bulk machinery
+            # and Core's parameter processing.
+            insert_rows(
+                self._session.connection(),
+                "events",
+                _EVENT_COLUMNS,
+                [[row[c] for c in _EVENT_COLUMNS] for row in rows],
+            )
 
     def _read(self, stmt: Any) -> list[EventInfo]:
         """Plain rows on the session's connection (no ORM objects: a

@@ -149,6 +149,66 @@ def test_a_report_stored_in_an_older_shape_still_reads_back() -> None:
     )
 
 
+async def test_rows_written_on_the_driver_read_back_and_keep_their_constraints(
+    engine: Engine,
+) -> None:
+    """A node's save, an allocation's add and save and a unit's events go
+    as plain SQL on the driver (``controller.store.driver_sql``): what they
+    wrote reads back column for column on both engines (a keyword column,
+    ``key``; a boolean; a JSON list; a quote in a value), and a second
+    allocation with the same key is refused as a duplicate, writing
+    nothing of its unit."""
+    from controller.core.errors import DuplicateKey
+    from controller.core.model import AllocationSpec
+    from controller.core.records import AllocationRecord
+    from controller.core.states import AllocationState, NodeState
+
+    db = SqlStore(engine)
+    url = "redfish+http://127.0.0.1:1/redfish/v1/Systems/1"
+
+    def enrol(tx: SqlTx) -> None:
+        tx.nodes.add(NodeRecord(name="n1", bmc_url=url), "pw")
+
+    await db.tx(enrol)
+
+    def book(tx: SqlTx) -> None:
+        node = tx.nodes.get("n1")
+        assert node is not None
+        node.state, node.drained, node.allocation_id = NodeState.ALLOCATED, True, "a1"
+        node.state_reason = 'it\'s booked; "quoted" ? %s'
+        tx.nodes.save(node)
+        alloc = AllocationRecord(id="a1", key="select", spec=AllocationSpec(nodes=1), nodes=["n1"])
+        tx.allocations.add(alloc)
+        alloc.state = AllocationState.READY
+        tx.allocations.save(alloc)
+        record(tx, EventKind.NODE_TRANSITION, node="n1", allocation="a1", reason="booked ?")
+        record(tx, EventKind.ALLOCATION_CREATED, allocation="a1", reason="%s it")
+
+    await db.tx(book)
+    fresh = SqlStore(engine)  # no rows remembered: read from the database
+    node, alloc = await fresh.read(lambda tx: (tx.nodes.get("n1"), tx.allocations.by_key("select")))
+    assert node is not None and alloc is not None
+    assert (node.state, node.drained, node.allocation_id) == (NodeState.ALLOCATED, True, "a1")
+    assert node.state_reason == 'it\'s booked; "quoted" ? %s'
+    assert (alloc.id, alloc.state, alloc.nodes) == ("a1", AllocationState.READY, ["n1"])
+    events = await EventLog(fresh).since(0)
+    assert [(e.kind, e.reason) for e in events[-2:]] == [
+        ("node.transition", "booked ?"),
+        ("allocation.created", "%s it"),
+    ]
+
+    def again(tx: SqlTx) -> None:
+        record(tx, EventKind.NODE_TRANSITION, node="n1", reason="never stored")
+        tx.allocations.add(AllocationRecord(id="a2", key="select", spec=AllocationSpec(nodes=1)))
+
+    with pytest.raises(DuplicateKey):
+        await db.tx(again)
+    assert await fresh.read(lambda tx: tx.allocations.get("a2")) is None
+    assert len(await EventLog(fresh).since(0)) == len(events)
+    db.close()
+    fresh.close()
+
+
 async def test_a_members_kind_and_a_trays_rack_hold_read_back(engine: Engine) -> None:
     from controller.core.states import NodeKind
 
