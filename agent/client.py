@@ -45,6 +45,11 @@ AGENT_VERSION = "0.1.0"
 DRIFT_CHECK_EVERY = 6  # sampling rounds
 AWAY_XIDS = 1024  # (GPU, XID) pairs kept while no controller has the node registered
 DEFAULT_SAMPLE_INTERVAL = 5.0  # seconds, until a controller says otherwise
+# Commands after which the agent reports at once: a preparation's, which set
+# the node's GPUs for its next job and whose health gate waits for a sample
+# taken after them. Not ``reset_gpu``: a GPU recovery reads that reset's
+# outcome in the order of its own steps, which a report sooner broke.
+PREPARING_COMMANDS = frozenset({"apply_profile", "reset_gpus"})
 # Answers that retrying soon cannot change (an unknown node, a certificate that
 # names another node): wait the longest backoff before dialling again.
 _REFUSED = frozenset(
@@ -430,6 +435,11 @@ class Agent:
             log.exception("node %s: command %s failed", self.node_name, kind)
             result = ApplyResult(ok=False, changed=[], failures=[f"{type(e).__name__}: {e}"])
         await outbox.put(result_pb(command.id, result))
+        if kind in PREPARING_COMMANDS:
+            # The GPUs as they are now, at once: the controller's health gate
+            # waits for a sample taken after its command, otherwise the next
+            # one due (a whole interval away).
+            self._wake.set()
 
     async def _run_command(self, command: agent_pb2.Command, kind: str | None) -> ApplyResult:
         if kind == "apply_profile":
