@@ -19,7 +19,6 @@ import signal
 import socket
 import struct
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,43 +117,6 @@ def cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (IndexError, ValueError):
         return None
-
-
-def cpu_demand(pid: int) -> float | None:
-    """The CPU process ``pid`` has asked for so far (seconds): what it used
-    (``cpu_seconds``) and what its threads waited runnable for a CPU (each
-    thread's ``/proc/PID/task/TID/schedstat``); None where it cannot be
-    read (gone, or not Linux). A kernel without scheduler statistics gives
-    the CPU used alone; a thread that ended takes its wait with it.
-
-    What a process used says how busy it was only while the machine had a
-    CPU free for it: on a full machine a process that cannot keep up gets a
-    share, and its wait is the rest of its demand (measured at the real
-    pace, 25,000 agents: the relay worker's main thread 544 s on a CPU and
-    595 s waiting for one).
-    """
-    used = cpu_seconds(pid)
-    if used is None:
-        return None
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    waited = 0
-    for tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                waited += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue  # the thread ended meanwhile, or no statistics
-    return used + waited / 1e9
-
-
-def own_cpu_demand() -> float:
-    """This process's CPU demand so far (``cpu_demand``), or what it used
-    where the kernel keeps no scheduler statistics."""
-    demand = cpu_demand(os.getpid())
-    return time.process_time() if demand is None else demand
 
 
 async def end_child(process: asyncio.subprocess.Process | None, grace: float = END_GRACE_S) -> None:

@@ -67,7 +67,6 @@ from controller.events.broker import BrokerAccess
 from controller.events.publisher import MqttPublisher
 from controller.heap import GcPauses
 from controller.http_server import HttpServer
-from controller.link import own_cpu_demand
 from controller.metrics import ControllerMetrics
 from controller.placement import QueueConfig
 from controller.policies import RuleSet, load_rules_file
@@ -522,7 +521,6 @@ class ControllerServer:
     async def _serve_api(self) -> None:
         """Serve Kiln's services over the Fleet: now SERVING."""
         assert self._health is not None and self.fleet is not None
-        self.fleet.count_own_cpu(own_cpu_demand)
         await self.fleet.start()
         self._watchdog = asyncio.create_task(self._watch_lock(), name="kiln-active-lock")
         if self.bmc_readers is not None and isinstance(self._bmc, PoolGateway):
@@ -542,7 +540,7 @@ class ControllerServer:
                 keepalive=cfg.agent_keepalive,
             )
             await self.relays.start()
-            self.fleet.count_helpers(self.relays.cpu_demand)
+            self.fleet.count_helpers(self.relays.cpu_seconds)
         for name in ("", *SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
 

@@ -751,15 +751,8 @@ class Fleet:
         """Judge the report pace by the busiest of the controller's
         processes, the ones that take the agents' reports in before it
         among them (the relay workers; ``cpu``: their CPU seconds so far, by
-        process id, as ``count_own_cpu`` counts the controller's)."""
+        process id)."""
         self._lag_probe.helpers = cpu
-
-    def count_own_cpu(self, cpu: Callable[[], float]) -> None:
-        """How the report pace reads the controller's own CPU so far
-        (seconds; by default what the process used). The server gives it
-        the process's demand, its threads' time on a CPU and waiting for
-        one (``core.report_pace.LoopLagProbe``)."""
-        self._lag_probe.own = cpu
 
     def _paced(self, interval: float) -> None:
         """The measured lag calls for a new report interval: tell every agent."""
@@ -768,7 +761,7 @@ class Fleet:
         if pace.late > pace.rules.slow_above:
             log.warning(
                 "health reports: the controller is behind (event loop %.0f ms late, reports "
-                "%.0f ms, medians over %gs, %.2f cores asked for); %d agents asked to report every "
+                "%.0f ms, medians over %gs, at %.2f cores); %d agents asked to report every "
                 "%.1fs",
                 pace.lag * 1000,
                 pace.report_delay * 1000,
@@ -780,7 +773,7 @@ class Fleet:
         else:
             log.info(
                 "health reports: the controller keeps up (event loop %.0f ms late, reports "
-                "%.0f ms, %.2f cores asked for); %d agents asked to report every %.1fs",
+                "%.0f ms, at %.2f cores); %d agents asked to report every %.1fs",
                 pace.lag * 1000,
                 pace.report_delay * 1000,
                 pace.busy,

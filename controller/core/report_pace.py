@@ -16,9 +16,7 @@ smallest such gap from the same agent since it registered, so that a
 steady clock offset between agent and controller cancels out.
 
 The reports' lateness counts only while the controller is busy (its
-process, or a relay worker before it, asked for at least ``busy_cores`` of
-CPU over the window: used it, or waited runnable for it; see
-``LoopLagProbe``): reports that
+process used at least ``busy_cores`` of CPU over the window): reports that
 arrive late at an idle controller were held up before it (the senders, the
 network), and slowing the agents down would not bring them sooner.
 (Measured with the benchmark's load generators, 1,000 agent streams to a
@@ -299,20 +297,14 @@ class LoopLagProbe:
     reports' delays, to ``pace``; ``on_change(interval)`` when the pace asks
     for a new interval.
 
-    ``own``: the CPU this process has asked for so far (seconds; by
-    default what it used, ``time.process_time``). ``helpers``: the same for
-    each process that takes the agents' reports in before this one (the
-    relay workers), by process id. The CPU a window judges is the busiest
-    process's: a relay worker that cannot keep up holds the reports before
-    the controller, whose own process then looks idle (measured at the real
-    pace: reports 10-78 s late with the controller's process at 0.4-0.5
-    cores and its relay worker's taking most of what the machine had left,
-    and the pace eased on into it). The server counts demand, not use: on a
-    machine with no CPU to spare, what a process used is the share it got,
-    and its wait for a CPU is the rest (measured at the real pace, 25,000
-    agents: reports a minute late, the controller at 0.69 cores and its
-    relay worker at 0.69 with as much again waiting for a CPU; judged by use,
-    both looked under ``busy_cores`` and the pace eased on)."""
+    ``helpers``: the CPU seconds so far of each process that takes the
+    agents' reports in before this one (the relay workers), by process id.
+    The CPU a window judges is the busiest process's: a relay worker that
+    cannot keep up holds the reports before the controller, whose own
+    process then looks idle (measured at the real pace: reports 10-78 s
+    late with the controller's process at 0.4-0.5 cores and its relay
+    worker's taking most of what the machine had left, and the pace eased
+    on into it)."""
 
     def __init__(
         self,
@@ -320,20 +312,11 @@ class LoopLagProbe:
         delays: ReportDelays,
         on_change: Callable[[float], None],
         helpers: Callable[[], Mapping[int, float]] = dict,
-        own: Callable[[], float] = time.process_time,
     ) -> None:
         self.pace = pace
         self._delays = delays
         self._on_change = on_change
         self.helpers = helpers
-        self.own = own
-
-    def _own_cpu(self) -> float | None:
-        try:
-            return self.own()
-        except Exception:
-            log.exception("report pace: reading the controller's own CPU failed")
-            return None
 
     def _helpers_cpu(self) -> Mapping[int, float]:
         try:
@@ -347,7 +330,7 @@ class LoopLagProbe:
         rules = self.pace.rules
         lags: list[float] = []
         judge_at = loop.time() + rules.window
-        cpu_at, wall_at = self._own_cpu(), loop.time()
+        cpu_at, wall_at = time.process_time(), loop.time()
         helpers_at = self._helpers_cpu()
         tick = rules.tick
         while True:
@@ -357,11 +340,9 @@ class LoopLagProbe:
             lags.append(max(0.0, now - before - tick))
             if now < judge_at:
                 continue
-            cpu, helpers = self._own_cpu(), self._helpers_cpu()
+            cpu, helpers = time.process_time(), self._helpers_cpu()
             wall = max(1e-9, now - wall_at)
-            busy = 0.0
-            if cpu is not None and cpu_at is not None:
-                busy = max(0.0, cpu - cpu_at) / wall  # a thread that ended takes its share
+            busy = (cpu - cpu_at) / wall
             for pid, spent in helpers.items():
                 if pid in helpers_at:
                     busy = max(busy, (spent - helpers_at[pid]) / wall)

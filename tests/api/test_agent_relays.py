@@ -31,7 +31,6 @@ from controller.api.relay.frames import MESSAGES, OPEN, FrameWriter
 from controller.api.relay.supervisor import AgentRelays
 from controller.core.health import GpuHealth, HealthReport
 from controller.core.model import AgentCommand
-from controller.link import own_cpu_demand
 from controller.server import ControllerConfig, ControllerServer, ListenError
 from controller.sim.ports import free_port
 from kiln.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, types_pb2
@@ -328,14 +327,10 @@ async def test_the_report_pace_counts_the_relay_workers_cpu(tmp_path: Path) -> N
         (worker,) = server.relays._processes.values()
         spent = server.relays.cpu_seconds()
         assert set(spent) == {worker.pid} and spent[worker.pid] > 0  # its start-up, at least
-        # What the pace reads: demand, the CPU used and any wait for one.
-        asked = server.fleet._lag_probe.helpers()
-        assert set(asked) == {worker.pid} and asked[worker.pid] >= spent[worker.pid] - 0.05
-        assert server.fleet._lag_probe.own is own_cpu_demand  # the controller's own, the same
+        assert set(server.fleet._lag_probe.helpers()) == {worker.pid}
         os.kill(worker.pid, signal.SIGKILL)
         await worker.wait()
         assert worker.pid not in server.relays.cpu_seconds()  # a worker gone counts no more
-        assert worker.pid not in server.relays.cpu_demand()
 
 
 @pytest.mark.timeout(120)

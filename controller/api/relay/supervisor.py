@@ -24,14 +24,7 @@ from controller.api.relay import frames
 from controller.api.relay.frames import FrameWriter
 from controller.api.relay.relayed import HandlerFor, RelayedCalls
 from controller.core.errors import InvalidArgument
-from controller.link import (
-    RestartPause,
-    cancel_all,
-    cpu_demand,
-    cpu_seconds,
-    end_child,
-    start_child,
-)
+from controller.link import RestartPause, cancel_all, cpu_seconds, end_child, start_child
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +110,6 @@ class AgentRelays:
             if process.returncode is None and (cpu := cpu_seconds(process.pid)) is not None:
                 spent[process.pid] = cpu
         return spent
-
-    def cpu_demand(self) -> dict[int, float]:
-        """Each running worker's CPU demand so far (seconds used and waited
-        for a CPU, ``controller.link.cpu_demand``), by process id."""
-        asked = {}
-        for process in self._processes.values():
-            if process.returncode is None and (demand := cpu_demand(process.pid)) is not None:
-                asked[process.pid] = demand
-        return asked
 
     def signal_all(self, signum: int) -> None:
         for process in self._processes.values():
