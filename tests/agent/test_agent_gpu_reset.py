@@ -1,6 +1,6 @@
 """The agent's ``reset_gpu`` command on the fake H200, over its real wire.
 
-A bare ``grpc.aio`` AgentService on loopback registers the agent, sends it
+A bare ``grpc.aio`` AgentService on loopback (``bare_controller``) registers the agent, sends it
 ``Command(reset_gpu=...)`` messages and records the ``CommandResult``s and
 health reports it sends back. The GPUs are the NVML fake: an injected XID sets
 the recovery-action field the way the driver does, a compute process holds a
@@ -10,17 +10,15 @@ GPU the way a leftover job would, and the field is read back through NVML.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
-import grpc
 import pynvml
 import pytest
+from bare_controller import BareController, serving, until
 
 from agent.client import Agent
 from agent.nvml import FakeNvml, open_backend
-from controller.sim.ports import free_port
-from kiln.v1 import agent_pb2, agent_pb2_grpc
+from kiln.v1 import agent_pb2
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,40 +26,12 @@ GPU_RESET = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
 NONE = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
 
 
-class CommandingController(agent_pb2_grpc.AgentServiceServicer):
-    """Registers one agent, then sends it what ``commands`` holds."""
+class CommandingController(BareController):
+    """Registers one agent (a sample every 0.1 s), then sends it what
+    ``commands`` holds."""
 
     def __init__(self) -> None:
-        self.commands: asyncio.Queue[agent_pb2.Command] = asyncio.Queue()
-        self.results: dict[str, agent_pb2.CommandResult] = {}
-        self.health: list[agent_pb2.AgentMessage] = []
-        self.registered = asyncio.Event()
-
-    async def Connect(
-        self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: object
-    ) -> AsyncIterator[agent_pb2.ControllerMessage]:
-        first = await anext(aiter(request_iterator))
-        assert first.WhichOneof("body") == "register"
-        yield agent_pb2.ControllerMessage(
-            registered=agent_pb2.Registered(
-                node_name=first.register.node_name, sample_interval_s=0.1
-            )
-        )
-        self.registered.set()
-        reader = asyncio.create_task(self._read(request_iterator))
-        try:
-            while True:
-                yield agent_pb2.ControllerMessage(command=await self.commands.get())
-        finally:
-            reader.cancel()
-
-    async def _read(self, messages: AsyncIterator[agent_pb2.AgentMessage]) -> None:
-        async for msg in messages:
-            body = msg.WhichOneof("body")
-            if body == "result":
-                self.results[msg.result.id] = msg.result
-            elif body == "health":
-                self.health.append(msg)
+        super().__init__(sample_interval=0.1)
 
     async def reset(self, ident: str, *indices: int) -> agent_pb2.CommandResult:
         await self.commands.put(
@@ -76,13 +46,6 @@ class CommandingController(agent_pb2_grpc.AgentServiceServicer):
         return int(gpus[index].recovery_action)
 
 
-async def until(check: Callable[[], bool], within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "never happened"
-        await asyncio.sleep(0.05)
-
-
 def recovery_field(nvml: FakeNvml, index: int) -> int:
     """The GPU's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, read through NVML."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -93,23 +56,20 @@ def recovery_field(nvml: FakeNvml, index: int) -> int:
 
 @pytest.fixture
 async def running() -> AsyncIterator[tuple[CommandingController, FakeNvml]]:
-    port = free_port()
     nvml = open_backend("fake:h200", node_name="h200-reset")
     assert isinstance(nvml, FakeNvml)
     controller = CommandingController()
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(controller, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    agent = Agent(f"127.0.0.1:{port}", "h200-reset", nvml, backoff=(0.1, 0.3), sample_interval=0.1)
-    task = asyncio.create_task(agent.run())
-    try:
-        await asyncio.wait_for(controller.registered.wait(), 30)
-        yield controller, nvml
-    finally:
-        await agent.stop()
-        await asyncio.wait_for(task, 30)
-        await server.stop(0)
+    async with serving(controller) as port:
+        agent = Agent(
+            f"127.0.0.1:{port}", "h200-reset", nvml, backoff=(0.1, 0.3), sample_interval=0.1
+        )
+        task = asyncio.create_task(agent.run())
+        try:
+            await asyncio.wait_for(controller.registered.wait(), 30)
+            yield controller, nvml
+        finally:
+            await agent.stop()
+            await asyncio.wait_for(task, 30)
 
 
 async def test_a_gpu_whose_recovery_action_asks_for_a_reset_is_reset_and_reads_none(

@@ -2,25 +2,25 @@
 ``reset_gpus``), not at its next sample a whole interval later: the
 controller's health gate waits for a report sampled after its command.
 
-A bare ``grpc.aio`` AgentService on loopback registers the agent with a
-60 s sample interval, takes the report it sends on registering, then sends
-each command and waits for its result and a report sampled after it.
+A bare ``grpc.aio`` AgentService on loopback (``bare_controller``)
+registers the agent with a 60 s sample interval, takes the report it sends
+on registering, then sends each command and waits for its result and a
+report sampled after it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
-import grpc
 import pytest
 import yaml
+from bare_controller import BareController, serving, until
 
 from agent.client import Agent
 from agent.nvml import FakeNvml, open_backend
-from controller.sim.ports import free_port
-from kiln.v1 import agent_pb2, agent_pb2_grpc
+from kiln.v1 import agent_pb2
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,96 +30,47 @@ PROFILE = yaml.safe_dump(
 )
 
 
-class Controller(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self) -> None:
-        self.commands: asyncio.Queue[agent_pb2.Command] = asyncio.Queue()
-        self.results: dict[str, tuple[float, agent_pb2.CommandResult]] = {}
-        self.reports: list[tuple[float, agent_pb2.NodeHealth]] = []  # (received, report)
-        self.registered = asyncio.Event()
-
-    async def Connect(
-        self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: object
-    ) -> AsyncIterator[agent_pb2.ControllerMessage]:
-        first = await anext(aiter(request_iterator))
-        assert first.WhichOneof("body") == "register"
-        yield agent_pb2.ControllerMessage(
-            registered=agent_pb2.Registered(
-                node_name=first.register.node_name, sample_interval_s=INTERVAL
-            )
-        )
-        self.registered.set()
-        reader = asyncio.create_task(self._read(request_iterator))
-        try:
-            while True:
-                yield agent_pb2.ControllerMessage(command=await self.commands.get())
-        finally:
-            reader.cancel()
-
-    async def _read(self, messages: AsyncIterator[agent_pb2.AgentMessage]) -> None:
-        async for msg in messages:
-            body = msg.WhichOneof("body")
-            if body == "result":
-                self.results[msg.result.id] = (time.time(), msg.result)
-            elif body == "health":
-                self.reports.append((time.time(), msg.health))
-
-
-async def until(check: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "never happened"
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
-async def running() -> AsyncIterator[tuple[Controller, FakeNvml]]:
-    port = free_port()
+async def running() -> AsyncIterator[BareController]:
     nvml = open_backend("fake:h200", node_name="h200-prep")
     assert isinstance(nvml, FakeNvml)
-    controller = Controller()
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(controller, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    agent = Agent(f"127.0.0.1:{port}", "h200-prep", nvml, backoff=(0.1, 0.3))
-    task = asyncio.create_task(agent.run())
-    try:
-        await asyncio.wait_for(controller.registered.wait(), 30)
-        await until(lambda: len(controller.reports) == 1)  # the one sent on registering
-        yield controller, nvml
-    finally:
-        await agent.stop()
-        await asyncio.wait_for(task, 30)
-        await server.stop(0)
+    controller = BareController(INTERVAL)
+    async with serving(controller) as port:
+        agent = Agent(f"127.0.0.1:{port}", "h200-prep", nvml, backoff=(0.1, 0.3))
+        task = asyncio.create_task(agent.run())
+        try:
+            await asyncio.wait_for(controller.registered.wait(), 30)
+            await until(lambda: len(controller.health) == 1)  # the one sent on registering
+            yield controller
+        finally:
+            await agent.stop()
+            await asyncio.wait_for(task, 30)
 
 
-async def command_then_report(controller: Controller, command: agent_pb2.Command) -> None:
+async def command_then_report(
+    controller: BareController, command: agent_pb2.Command
+) -> agent_pb2.NodeHealth:
+    """Send ``command``; the first report after it (well inside the 60 s
+    interval, sampled after the command and sent after its result)."""
     sent = time.time()
-    seen = len(controller.reports)
+    seen = len(controller.health)
     await controller.commands.put(command)
-    await until(lambda: command.id in controller.results)
-    answered, result = controller.results[command.id]
+    await until(lambda: command.id in controller.results, within=10)
+    result = controller.results[command.id]
     assert result.ok, list(result.failures)
-    # Well inside the 60 s interval: a report sampled after the command.
-    await until(lambda: len(controller.reports) > seen)
-    received, report = controller.reports[seen]
+    await until(lambda: len(controller.health) > seen, within=10)
+    report = controller.health[seen].health
     assert report.sampled_at >= sent
-    assert received >= answered  # after the result, so it shows what was set
+    assert controller.received_at[seen] >= controller.answered_at[command.id]
+    return report
 
 
-async def test_a_report_follows_an_applied_profile_at_once(
-    running: tuple[Controller, FakeNvml],
-) -> None:
-    controller, _ = running
+async def test_a_report_follows_an_applied_profile_at_once(running: BareController) -> None:
     command = agent_pb2.Command(id="p1", apply_profile=agent_pb2.ApplyProfile(profile_yaml=PROFILE))
-    await command_then_report(controller, command)
-    _, report = controller.reports[-1]
+    report = await command_then_report(running, command)
     assert {g.power_limit_w for g in report.gpus} == {600.0}
 
 
-async def test_a_report_follows_a_reset_to_defaults_at_once(
-    running: tuple[Controller, FakeNvml],
-) -> None:
-    controller, _ = running
+async def test_a_report_follows_a_reset_to_defaults_at_once(running: BareController) -> None:
     command = agent_pb2.Command(id="r1", reset_gpus=agent_pb2.ResetGpus())
-    await command_then_report(controller, command)
+    await command_then_report(running, command)
