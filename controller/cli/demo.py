@@ -279,32 +279,13 @@ async def thermal_scenario(
     )
     wanted = {"drained": False, "told": False, "off": False, "replaced": False}
     events = stub.WatchEvents(fleet_pb2.WatchEventsRequest(follow=True))
-    deadline = time.monotonic() + 60
     try:
-        async for event in events:
-            if event.allocation == alloc.id and event.kind == "allocation.notice":
-                wanted["told"] = True
-                say(f"event #{event.seq:<4} {event.kind} → job {alloc.id}: {event.reason}")
-            elif (
-                event.node == victim
-                and event.kind == "node.transition"
-                and (json.loads(event.data_json).get("to_state") == "draining")
-            ):
-                wanted["drained"] = True
-                say(f"event #{event.seq:<4} {victim} draining: {event.reason}")
-            elif event.node == victim and event.kind == "node.power":
-                data = json.loads(event.data_json)
-                if data.get("action") in ("off", "force_off"):
-                    wanted["off"] = True
-                    say(
-                        f"event #{event.seq:<4} {victim} powered {data.get('power')} "
-                        f"through its BMC ({data.get('action')})"
-                    )
-            elif event.allocation == alloc.id and event.kind == "allocation.node_replaced":
-                wanted["replaced"] = True
-                say(f"event #{event.seq:<4} {event.kind}: {event.reason}")
-            if all(wanted.values()) or time.monotonic() > deadline:
-                break
+        # Bounded as a whole: a step that never comes ends the wait with the
+        # steps missing named below, not a stream waiting on a quiet fleet.
+        async with asyncio.timeout(60):
+            await _follow(events, alloc.id, victim, wanted, say)
+    except TimeoutError:
+        pass
     finally:
         events.cancel()
     power = (await asyncio.to_thread(fleet.read_power)).get(victim)
@@ -316,6 +297,34 @@ async def thermal_scenario(
         say(f"thermal     scenario incomplete: missing {', '.join(missing) or 'power-off'}")
         return False
     return True
+
+
+async def _follow(events: Any, alloc: str, victim: str, wanted: dict[str, bool], say: Say) -> None:
+    """Read the fleet's events until every step of ``wanted`` was seen."""
+    async for event in events:
+        if event.allocation == alloc and event.kind == "allocation.notice":
+            wanted["told"] = True
+            say(f"event #{event.seq:<4} {event.kind} → job {alloc}: {event.reason}")
+        elif (
+            event.node == victim
+            and event.kind == "node.transition"
+            and (json.loads(event.data_json).get("to_state") == "draining")
+        ):
+            wanted["drained"] = True
+            say(f"event #{event.seq:<4} {victim} draining: {event.reason}")
+        elif event.node == victim and event.kind == "node.power":
+            data = json.loads(event.data_json)
+            if data.get("action") in ("off", "force_off"):
+                wanted["off"] = True
+                say(
+                    f"event #{event.seq:<4} {victim} powered {data.get('power')} "
+                    f"through its BMC ({data.get('action')})"
+                )
+        elif event.allocation == alloc and event.kind == "allocation.node_replaced":
+            wanted["replaced"] = True
+            say(f"event #{event.seq:<4} {event.kind}: {event.reason}")
+        if all(wanted.values()):
+            return
 
 
 async def serve(address: str, say: Say, *, dashboard: str = "") -> int:
