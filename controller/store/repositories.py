@@ -41,7 +41,7 @@ from controller.core.model import AllocationSpec, BmcTarget, EventInfo, GpuInfo,
 from controller.core.node_view import NodeChanges
 from controller.core.records import AllocationRecord, LeakLook, NewEvent, NodeRecord
 from controller.core.states import AllocationState, NodeKind, NodeState, PowerState
-from controller.store.driver_sql import insert_rows, update_row
+from controller.store.driver_sql import execute_many, insert_rows, update_row
 from controller.store.link import Link
 from controller.store.models import (
     AllocationRow,
@@ -571,11 +571,7 @@ class SqlNodes:
     def _executemany(self, sql: str, rows: list[Any]) -> None:
         """``sql`` (``?`` for each parameter) once per row, on the driver's
         cursor in this transaction."""
-        if self._connection is None:
-            self._connection = self._session.connection()
-        if self._connection.dialect.paramstyle != "qmark":
-            sql = sql.replace("?", "%s")  # psycopg
-        self._connection.exec_driver_sql(sql, rows)
+        execute_many(self._conn(), sql, rows)
 
     def leak_looks(self) -> dict[str, LeakLook]:
         return {
