@@ -103,7 +103,8 @@ async def _tool(
         stdin=asyncio.subprocess.DEVNULL,
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()

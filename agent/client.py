@@ -215,7 +215,8 @@ class Agent:
                 self._current = (self._current + 1) % len(self.controllers)
                 jittered = delay * random.uniform(0.5, 1.0)
                 try:
-                    await asyncio.wait_for(self._stopping.wait(), jittered)
+                    async with asyncio.timeout(jittered):
+                        await self._stopping.wait()
                 except TimeoutError:
                     pass
                 delay = min(delay * 2, self._backoff[1])
@@ -350,7 +351,8 @@ class Agent:
             interval = self.report_interval
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 

@@ -127,7 +127,8 @@ async def end_child(process: asyncio.subprocess.Process | None, grace: float = E
     with contextlib.suppress(ProcessLookupError):
         process.send_signal(signal.SIGTERM)
     try:
-        await asyncio.wait_for(process.wait(), grace)
+        async with asyncio.timeout(grace):
+            await process.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             process.kill()

@@ -581,7 +581,8 @@ class ControllerServer:
         assert self._active is not None
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._trouble.wait(), every)
+                async with asyncio.timeout(every):
+                    await self._trouble.wait()
             troubled = self._trouble.is_set()
             self._trouble.clear()
             if not await asyncio.to_thread(self._active.still_held):
@@ -707,7 +708,8 @@ async def _bounded(step: str, work: Awaitable[object], *, extra: float = 0.0) ->
     """Await one shutdown step for at most ``STOP_STEP_S`` (+ ``extra``);
     one that overruns is cancelled and logged by name."""
     try:
-        await asyncio.wait_for(work, STOP_STEP_S + extra)
+        async with asyncio.timeout(STOP_STEP_S + extra):
+            await work
     except TimeoutError:
         log.warning(
             "shutdown: %s did not stop within %.0f s; going on without it",

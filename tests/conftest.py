@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 import hypothesis.internal.conjecture.providers  # noqa: F401
 import pytest
+from hang_report import hang_reporter
 from peers import ControllerThread, postgres_server
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
@@ -42,6 +43,17 @@ async def _hold_grpc_aio() -> None:
 
 
 asyncio.run(_hold_grpc_aio())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test about to hit its timeout first says where its asyncio tasks wait
+    (``hang_report``)."""
+    marker = item.get_closest_marker("timeout")
+    timeout = marker.args[0] if marker and marker.args else item.config.getini("timeout")
+    function = getattr(item, "originalname", item.name)
+    with hang_reporter(item.nodeid, function, float(timeout or 0)):
+        return (yield)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

@@ -296,7 +296,8 @@ class BmcGuard:
             return
         wait = max(0.0, deadline - self.clock.monotonic())
         try:
-            await asyncio.wait_for(self._lock.acquire(), timeout=wait)
+            async with asyncio.timeout(wait):
+                await self._lock.acquire()
         except TimeoutError:
             raise BmcBusy(
                 host=self.host,

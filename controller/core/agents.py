@@ -176,7 +176,8 @@ class AgentHub:
         session.pending[command_id] = future
         await session.queue.put((command_id, command))
         try:
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                return await future
         except TimeoutError as e:
             raise Unavailable(
                 f"agent of node {node!r} did not answer {command.kind} within {timeout:.0f}s"

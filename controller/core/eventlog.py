@@ -97,6 +97,7 @@ class EventLog:
             if not follow:
                 return
             try:
-                await asyncio.wait_for(changed.wait(), timeout=1.0)
+                async with asyncio.timeout(1.0):
+                    await changed.wait()
             except TimeoutError:
                 pass

@@ -389,7 +389,8 @@ class Fleet:
                     self.lifecycle.poke(name)
                     while True:
                         try:
-                            line = await asyncio.wait_for(watch.get(), 2.0)
+                            async with asyncio.timeout(2.0):
+                                line = await watch.get()
                         except TimeoutError:
                             left = await self._left_provisioning(name)
                             if left is None:

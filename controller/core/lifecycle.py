@@ -237,7 +237,8 @@ class Lifecycle:
                 log.exception("lifecycle pass failed")
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 

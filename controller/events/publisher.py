@@ -173,7 +173,8 @@ class MqttPublisher:
     async def _sleep(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking early on notify() or stop()."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
         self._wake.clear()
 
 

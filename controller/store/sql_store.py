@@ -23,7 +23,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,6 +49,18 @@ from controller.store.writer_rows import TxRows, WriterRows
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+Changes = TypeVar("Changes")
+
+
+def _tell(listeners: Sequence[Callable[[Changes], None]], changes: Changes) -> None:
+    """Each listener hears ``changes``; one that raises is logged, the rest still hear."""
+    for listener in listeners:
+        try:
+            listener(changes)
+        except Exception:
+            log.exception("store: a view of committed changes failed to follow them")
+
 
 GROUP_MAX = 256  # units of work committed together, at most
 READ_THREADS = 2  # reads beside the one writer
@@ -284,14 +296,14 @@ class SqlStore:
 
     def _deliver(self, answers: list[tuple[asyncio.Future[_Outcome], _Outcome]]) -> None:
         """On the loop, a group's outcomes in commit order: the view first,
-        so that each caller reads its own write."""
+        so that each caller reads its own write. A listener that raises is
+        logged and the rest of the group still answered: its units are
+        committed, and a caller left unanswered would wait forever."""
         for future, outcome in answers:
             if outcome.nodes:
-                for listener in self._node_listeners:
-                    listener(outcome.nodes)
+                _tell(self._node_listeners, outcome.nodes)
             if outcome.allocations:
-                for allocation_listener in self._allocation_listeners:
-                    allocation_listener(outcome.allocations)
+                _tell(self._allocation_listeners, outcome.allocations)
             if not future.done():  # its caller may be gone
                 future.set_result(outcome)
 

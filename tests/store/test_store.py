@@ -256,3 +256,33 @@ async def test_leak_looks_are_kept_replaced_and_go_with_their_node(engine: Engin
     await db.tx(lambda tx: tx.nodes.remove("n2"))
     assert await db.read(lambda tx: tx.nodes.leak_looks()) == {}
     db.close()
+
+
+async def test_a_view_that_fails_to_follow_a_commit_leaves_no_caller_waiting(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node listener that raises on the loop: every caller of the group
+    still gets its answer (a caller left unanswered would wait forever), the
+    other listeners still hear, the writes stay committed, and it is logged."""
+    import asyncio
+
+    db = SqlStore(engine)
+    url = "redfish+http://127.0.0.1:1/redfish/v1/Systems/"
+    heard: list[str] = []
+
+    def broken(changes: object) -> None:
+        raise RuntimeError("view out of step")
+
+    db.on_nodes_committed(broken)
+    db.on_nodes_committed(lambda changes: heard.extend(changes.saved))
+
+    def enrol(name: str):  # type: ignore[no-untyped-def]
+        return lambda tx: tx.nodes.add(NodeRecord(name=name, bmc_url=url + name), "pw")
+
+    async with asyncio.timeout(30):
+        await asyncio.gather(*(db.tx(enrol(f"n{i}")) for i in range(8)))
+    assert sorted(heard) == [f"n{i}" for i in range(8)]
+    stored = await db.read(lambda tx: [n.name for n in tx.nodes.find()])
+    assert sorted(stored) == [f"n{i}" for i in range(8)]
+    assert "failed to follow" in caplog.text
+    db.close()
