@@ -259,7 +259,7 @@ def test_events_watch_exits_0_on_ctrl_c(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0
+    assert proc.returncode == 0, err  # what it said, should this ever fail
     assert err == ""
 
 
