@@ -1367,14 +1367,32 @@ def targets(r: Result) -> list[str]:
     ]
 
 
+# Below this many allocations/s beside the reports, the window's CPU beyond
+# the reports' is mostly noise in the reports' own share: no estimate from it.
+BUDGET_MIN_RATE = 50.0
+
+
 def _allocation_budget(r: Result) -> list[str]:
-    """What 500 allocations/s would cost in CPU at this run's cycle (the
-    controller's CPU in the allocation window beyond the reports')."""
-    if r.alloc_rate <= 0 or r.alloc_rate >= 500:
+    """What 500 allocations/s would cost in CPU at this run's cycle: from the
+    window with the agents quiet where it ran (the controller's CPU there is
+    the allocations'), else from the window beside the reports (its CPU
+    beyond the reports'), when that window admitted enough to say."""
+    if r.alloc_rate >= 500 or (r.quiet_measured and r.quiet_alloc_rate >= 500):
         return []
-    marginal = max(0.0, r.alloc_cores - r.cores) / r.alloc_rate
+    if r.quiet_measured and r.quiet_alloc_rate > 0:
+        marginal = r.quiet_alloc_cores / r.quiet_alloc_rate
+        source = "the controller's CPU with the agents quiet is"
+    elif r.alloc_rate >= BUDGET_MIN_RATE:
+        marginal = max(0.0, r.alloc_cores - r.cores) / r.alloc_rate
+        source = "the allocation window's CPU beyond the reports' is"
+    else:
+        return [
+            f"  what 500/s would take: not estimated (beside the reports only "
+            f"{r.alloc_rate:.0f}/s were admitted, too few for their CPU to stand out from "
+            f"the reports'; run with --quiet-alloc-seconds for a clean figure)"
+        ]
     return [
-        f"  what 500/s would take: the allocation window's CPU beyond the reports' is "
+        f"  what 500/s would take: {source} "
         f"{marginal * 1e3:.1f} ms a cycle, so 500 cycles/s is {500 * marginal:.2f} cores for "
         f"the allocations alone, beside {r.cores:.2f} for the reports, in one interpreter "
         f"(this machine: {os.cpu_count()} cores, shared with the generators and clients)"
