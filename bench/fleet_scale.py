@@ -817,10 +817,15 @@ async def quiet_alloc_window(
     gc_text = GcPauses.text(gc_before, await gc_pauses.snapshot())
     await generators.ask(30, "resume")
     probes.resume()
+    # The rest of the machine: the stand-ins for the fleet (the generators
+    # holding every agent's stream, the BMC responder power sync reads) and
+    # anything else running, which a real deployment would not have beside it.
+    rest = max(0.0, quiet.machine - quiet.cores - clients_cpu)
     print(
         f"  CreateAllocation+ReleaseAllocation with the agents quiet ({args.alloc_clients} "
         f"clients): {quiet.text()}; {quiet.cpu_text()}, the clients (this process) "
-        f"{clients_cpu:.2f} cores"
+        f"{clients_cpu:.2f} cores, the rest of the machine (the fleet's stand-ins: "
+        f"generators holding the streams, the BMC responder) {rest:.2f} cores"
     )
     print(f"    meanwhile {gc_text}")
     for text, count in (quiet.pending + errors).most_common(3):
