@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from controller.core.errors import InvalidArgument, NotFound
-from controller.placement.chunked import Chunked
 from controller.placement.model import NodeSpec
 from controller.placement.spec_layers import SpecLayers
 
@@ -52,9 +51,7 @@ class Topology:
 
     Domains are numbered 0..n-1 in (spine, leaf, domain) order so that
     neighbouring ids are topologically close; ``dom_*`` tuples are indexed by
-    that id (``dom_sched``, which changes by generation, is a ``Chunked``:
-    a new generation copies only the chunks its changes touch). Node-local
-    indices refer to ``dom_nodes[d]`` (sorted by name).
+    that id. Node-local indices refer to ``dom_nodes[d]`` (sorted by name).
     """
 
     __slots__ = (
@@ -86,7 +83,7 @@ class Topology:
     generation: int
     dom_name: tuple[str, ...]
     dom_nodes: tuple[tuple[str, ...], ...]
-    dom_sched: Chunked[tuple[int, ...]]  # copied by the changes (``with_specs``)
+    dom_sched: tuple[tuple[int, ...], ...]
     dom_model: tuple[str, ...]
     dom_gpus: tuple[int, ...]
     dom_leaf: tuple[str, ...]
@@ -109,7 +106,7 @@ class Topology:
         # Set by ``with_specs``: the parent's ``dom_sched`` and the domains
         # re-indexed since it, so ``changed_domains`` against the parent
         # costs what changed.
-        self._parent_sched: Chunked[tuple[int, ...]] | None = None
+        self._parent_sched: tuple[tuple[int, ...], ...] | None = None
         self._touched: tuple[int, ...] = ()
 
     @classmethod
@@ -157,7 +154,7 @@ class Topology:
             for i, s in enumerate(members):
                 loc[s.name] = (d, i)
         self.dom_nodes = tuple(dom_nodes)
-        self.dom_sched = Chunked(dom_sched)
+        self.dom_sched = tuple(dom_sched)
         self._nodes = tuple(n for names in self.dom_nodes for n in names)
         firsts = [by_dom[dom][0] for dom in order]
         self.dom_model = tuple(f.gpu_model for f in firsts)
@@ -192,7 +189,7 @@ class Topology:
             return None
         new = self._next(generation)
         new._spec = SpecLayers(spec)
-        new.dom_sched = Chunked(
+        new.dom_sched = tuple(
             tuple(i for i, name in enumerate(names) if spec[name].schedulable)
             for names in self.dom_nodes
         )
@@ -214,14 +211,12 @@ class Topology:
             touched.add(self.loc[n.name][0])
         new = self._next(generation)
         new._spec = old.replaced(spec)
-        new.dom_sched = self.dom_sched.replaced(
-            {
-                d: tuple(
-                    i for i, name in enumerate(self.dom_nodes[d]) if new._spec[name].schedulable
-                )
-                for d in touched
-            }
-        )
+        sched = list(self.dom_sched)
+        for d in touched:
+            sched[d] = tuple(
+                i for i, name in enumerate(self.dom_nodes[d]) if new._spec[name].schedulable
+            )
+        new.dom_sched = tuple(sched)
         new._parent_sched = self.dom_sched
         new._touched = tuple(sorted(touched))
         return new
